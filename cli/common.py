@@ -1,0 +1,49 @@
+"""Options and output helpers shared by every `gpt2` sub-command."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, Optional
+
+import typer
+
+from gpt2.config import Config
+from gpt2.overrides import ConfigError, resolve_config
+
+PresetOpt = typer.Option("smoke", "--preset", "-p", help="Named preset: smoke or gpt2-124m.")
+SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set train.max_steps=100 (repeatable).")
+RootOpt = typer.Option(None, "--root", help="Artifact root URL (file://…, gs://…, s3://…); default runtime.root.")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout.")
+
+
+def load_config(preset: str, sets: Optional[list[str]], root: Optional[str]) -> Config:
+    """Resolve the config or exit 2 with every problem listed."""
+    try:
+        return resolve_config(preset, sets or [], root=root)
+    except ConfigError as err:
+        fail(str(err), code=2)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    # Logs on stderr keep stdout clean for --json consumers.
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code)
+
+
+def emit(result: dict[str, Any], as_json: bool, human: str) -> None:
+    """Print a human summary, or the result as the final stdout line."""
+    if as_json:
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+    else:
+        typer.echo(human)

@@ -1,0 +1,1 @@
+"""GPT-2 (124M) from scratch: the pure library (never imports prefect)."""

@@ -1,0 +1,155 @@
+"""The one typed config tree of the pipeline.
+
+Every stage gets only its slice. Fields that change a result are *identity*
+(they enter cache keys and fingerprints); the `runtime` slice only says where
+or how fast things run and never enters an identity.
+
+    gpt2 config show --preset smoke --set train.max_steps=20
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    # Frozen so a config can be hashed and passed between stages safely;
+    # extra="forbid" so a typo in an override is an error, not a silent no-op.
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ModelConfig(_Section):
+    n_layer: int = Field(12, ge=1)
+    """Number of transformer blocks."""
+    n_head: int = Field(12, ge=1)
+    """Attention heads per block."""
+    n_embd: int = Field(768, ge=1)
+    """Width of the residual stream (channels)."""
+    block_size: int = Field(1024, ge=8)
+    """Context length T in tokens."""
+    vocab_size: int = Field(50304, ge=50257)
+    """Embedding rows: GPT-2's 50257 padded up to a multiple of 128 for speed."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "ModelConfig":
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        return self
+
+
+class DataConfig(_Section):
+    name: str = Field("fineweb_edu_10B", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Readable name of the dataset; prefixes shard names and the data directory."""
+    source: str = "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/*.parquet"
+    """Where documents come from: an fsspec URL or glob of .jsonl/.json/.parquet/.txt
+    files (file://, gs://, s3://, hf://datasets/...), or `builtin:python-docs`, the
+    offline sample of English prose shipped with Python."""
+    text_field: str = "text"
+    """Column or JSON key holding each document's text (ignored for .txt files)."""
+    max_documents: int | None = Field(None, ge=1)
+    """Stop after this many documents (trial runs); None reads everything."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Stop once this many tokens are written (trial runs); None reads everything."""
+    shard_size: int = Field(100_000_000, ge=1024, le=2**31 - 1)
+    """Tokens per shard file (llm.c uses 1e8)."""
+    val_tokens: int = Field(100_000_000, ge=1)
+    """Size of the fixed validation slice, taken first from the token stream."""
+    tokenizer: Literal["gpt2"] = "gpt2"
+    """Tokenizer encoding (tiktoken name)."""
+
+
+class TrainConfig(_Section):
+    seed: int = 1337
+    """Seed for weights init, data order and sampling."""
+    total_batch_tokens: int = Field(524_288, ge=1)
+    """Tokens per optimizer step across all devices (gradient accumulation fills it)."""
+    micro_batch_size: int | Literal["auto"] = "auto"
+    """Sequences per device per forward pass, or `auto` to find the largest that fits."""
+    max_steps: int = Field(19_073, ge=1)
+    """Optimizer steps (19,073 × 524,288 ≈ 10B tokens)."""
+    lr: float = Field(6e-4, gt=0)
+    """Peak learning rate."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Final learning rate as a fraction of the peak."""
+    warmup_steps: int = Field(700, ge=0)
+    """Linear warmup steps."""
+    decay: Literal["cosine", "linear"] = "cosine"
+    """Shape of the decay after warmup."""
+    weight_decay: float = Field(0.1, ge=0)
+    """AdamW weight decay, applied to 2-D weights only."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this (0 disables)."""
+    eval_every: int = Field(250, ge=1)
+    """Measure validation loss every N steps (and at the end)."""
+    val_steps: int = Field(20, ge=1)
+    """Micro-batches of the validation split per evaluation."""
+    sample_every: int = Field(1000, ge=1)
+    """Write text samples every N steps."""
+    checkpoint_every: int = Field(500, ge=1)
+    """Write a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """How many of the latest checkpoints to keep."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"betas must lie in [0, 1), got {v}")
+        return v
+
+
+class EvalConfig(_Section):
+    hellaswag_source: str = "hf://datasets/Rowan/hellaswag"
+    """HellaSwag validation data: the hub dataset, an fsspec URL of a JSONL in the
+    original format, or `builtin:format-sample` (a tiny file, not the benchmark)."""
+    limit: int | None = Field(None, ge=1)
+    """Score only the first N items (None: all 10,042)."""
+    every_steps: int = Field(0, ge=0)
+    """Run the native HellaSwag scorer during training every N steps (0: never)."""
+    batch_size: int = Field(8, ge=1)
+    """Items per forward pass in the native scorer."""
+
+
+class ExportConfig(_Section):
+    registered_model: str = "gpt2-124m"
+    """Name of the MLflow registered model for the Hugging Face export."""
+    alias: str = "latest"
+    """Alias pointed at the newly registered version."""
+
+
+class TrackingConfig(_Section):
+    uri: str | None = None
+    """MLflow tracking URI; None uses a local SQLite store under the artifact root."""
+    experiment: str = "gpt2"
+    """MLflow experiment name."""
+
+
+class RuntimeConfig(_Section):
+    root: str = "file://./artifacts"
+    """Artifact root (fsspec URL) where every output lives."""
+    work_dir: str | None = None
+    """Local scratch directory for intermediate files; None: ~/.cache/gpt2-pipeline."""
+    num_workers: int = Field(0, ge=0)
+    """Tokenizer threads; 0 uses every core."""
+    device: str = "auto"
+    """`auto`, `cpu`, `cuda`, `cuda:N` or `mps`."""
+    compile: bool = False
+    """Compile the model with torch.compile."""
+    nproc_per_node: int = Field(1, ge=1)
+    """Processes (GPUs) to train with; >1 runs torchrun."""
+
+
+class Config(_Section):
+    preset: str = "gpt2-124m"
+    """Preset the config was built from (informational)."""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    export: ExportConfig = ExportConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    runtime: RuntimeConfig = RuntimeConfig()

@@ -1,0 +1,50 @@
+"""Fingerprints of what defines a stage's result (never runtime settings).
+
+A data fingerprint names the shard directory and keys the data tasks' caches;
+a training fingerprint (model + data + train) names the run, so evaluation or
+export settings never re-address a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from gpt2.config import Config
+
+# Bump when a change to the code changes results for the same config, so old
+# caches and shard directories are not reused by mistake.
+DATA_FORMAT_VERSION = 1
+TRAIN_FORMAT_VERSION = 1
+
+
+def fingerprint(obj: Any, length: int = 16) -> str:
+    """Stable short hash of a JSON-able object or pydantic model."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json")
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
+def data_identity(config: Config) -> dict:
+    return {"data": config.data.model_dump(mode="json"), "format": DATA_FORMAT_VERSION}
+
+
+def train_identity(config: Config) -> dict:
+    return {
+        "model": config.model.model_dump(mode="json"),
+        "data": data_identity(config),
+        "train": config.train.model_dump(mode="json"),
+        "format": TRAIN_FORMAT_VERSION,
+    }
+
+
+def data_fingerprint(config: Config) -> str:
+    return fingerprint(data_identity(config))
+
+
+def train_fingerprint(config: Config) -> str:
+    return fingerprint(train_identity(config))

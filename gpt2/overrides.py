@@ -1,0 +1,108 @@
+"""Resolve a preset plus dotted `key=value` overrides into a validated Config.
+
+Every problem (unknown preset, unknown key, bad value) is collected and
+reported at once in a single ConfigError.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+from pydantic import BaseModel, ValidationError
+
+from gpt2.config import Config
+from gpt2.presets import PRESETS
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; `problems` lists every issue found."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def parse_value(text: str) -> Any:
+    """`--set` values are JSON when they parse as JSON (numbers, true, null,
+    lists), plain strings otherwise, so `data.source=gs://b/x` needs no quotes."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_assignments(items: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """Turn ["a.b=1", ...] into {"a.b": 1}; malformed items become problems."""
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"override {item!r} is not of the form key=value (e.g. train.max_steps=100)")
+            continue
+        out[key.strip()] = parse_value(value)
+    return out, problems
+
+
+def _known_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(_known_keys(ann, f"{prefix}{name}."))
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+KNOWN_KEYS = frozenset(_known_keys(Config))
+
+
+def apply_overrides(base: Config, overrides: Mapping[str, Any]) -> tuple[dict, list[str]]:
+    tree = base.model_dump()
+    problems = []
+    for key, value in overrides.items():
+        if key not in KNOWN_KEYS:
+            hint = ", ".join(sorted(k for k in KNOWN_KEYS if k.split(".")[-1] == key.split(".")[-1]))
+            problems.append(f"unknown key {key!r}" + (f" (did you mean {hint}?)" if hint else ""))
+            continue
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return tree, problems
+
+
+def resolve_config(
+    preset: str = "smoke",
+    overrides: Mapping[str, Any] | Iterable[str] | None = None,
+    root: str | None = None,
+) -> Config:
+    """Build the config of `preset` with `overrides` (a mapping of dotted keys or
+    a list of "key=value" strings); `root` sets runtime.root."""
+    problems: list[str] = []
+    if isinstance(overrides, Mapping):
+        values = dict(overrides)
+    else:
+        values, problems = parse_assignments(overrides or [])
+    if root is not None:
+        values["runtime.root"] = root
+    if preset not in PRESETS:
+        problems.append(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+        raise ConfigError(problems)
+    tree, more = apply_overrides(PRESETS[preset](), values)
+    problems += more
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as err:
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"])
+            problems.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
+        config = None
+    if problems:
+        raise ConfigError(problems)
+    return config

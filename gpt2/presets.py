@@ -1,0 +1,71 @@
+"""Named presets: plain functions returning a full `Config`.
+
+`smoke` runs the whole pipeline on a CPU, offline, in minutes (tests and CI use
+it); `gpt2-124m` is the llm.c recipe for GPT-2 (124M) on FineWeb-edu 10BT.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from gpt2.config import Config, DataConfig, EvalConfig, ExportConfig, ModelConfig, TrainConfig
+
+
+def gpt2_124m() -> Config:
+    # Every default of the tree is the llm.c recipe; spelled out for the reader.
+    return Config(
+        preset="gpt2-124m",
+        model=ModelConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),
+        data=DataConfig(
+            name="fineweb_edu_10B",
+            source="hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/*.parquet",
+            shard_size=100_000_000,
+            val_tokens=100_000_000,
+        ),
+        train=TrainConfig(
+            total_batch_tokens=524_288,
+            micro_batch_size="auto",
+            max_steps=19_073,
+            lr=6e-4,
+            min_lr_ratio=0.0,
+            warmup_steps=700,
+            weight_decay=0.1,
+            betas=(0.9, 0.95),
+            grad_clip=1.0,
+        ),
+        eval=EvalConfig(hellaswag_source="hf://datasets/Rowan/hellaswag", every_steps=250),
+        export=ExportConfig(registered_model="gpt2-124m"),
+    )
+
+
+def smoke() -> Config:
+    # Tiny everything: the ~110k-token Python docs sample, a 2-layer model,
+    # enough steps for several checkpoints, all on one CPU core in minutes.
+    return Config(
+        preset="smoke",
+        model=ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=50304),
+        data=DataConfig(
+            name="python_docs",
+            source="builtin:python-docs",
+            shard_size=32_768,
+            val_tokens=8_192,
+        ),
+        train=TrainConfig(
+            total_batch_tokens=2_048,
+            micro_batch_size=8,
+            max_steps=60,
+            lr=1e-3,
+            min_lr_ratio=0.1,
+            warmup_steps=10,
+            eval_every=20,
+            val_steps=4,
+            sample_every=30,
+            checkpoint_every=20,
+            keep_checkpoints=3,
+        ),
+        eval=EvalConfig(hellaswag_source="builtin:format-sample", every_steps=30, batch_size=4),
+        export=ExportConfig(registered_model="gpt2-smoke"),
+    )
+
+
+PRESETS: dict[str, Callable[[], Config]] = {"gpt2-124m": gpt2_124m, "smoke": smoke}

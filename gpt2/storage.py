@@ -1,0 +1,162 @@
+"""The artifact root: any fsspec URL (file://, gs://, s3://, memory://).
+
+Writes are atomic: bytes go to a temporary name beside the target and are then
+moved onto it. On a local disk the move is a rename; on object stores an object
+only becomes visible once its upload (or server-side copy) completes, so a
+reader never sees a partial file under its final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+
+class StorageError(RuntimeError):
+    """The artifact root cannot be used; the message names the URL."""
+
+
+def normalize_url(url: str) -> str:
+    """Make local paths absolute `file://` URLs so they mean the same thing in
+    every process (workers run in other directories); other URLs pass as is."""
+    if "://" not in url:
+        return "file://" + os.path.abspath(os.path.expanduser(url))
+    if url.startswith("file://"):
+        return "file://" + os.path.abspath(os.path.expanduser(url[len("file://"):]))
+    return url.rstrip("/")
+
+
+def join(url: str, *parts: str) -> str:
+    return posixpath.join(url.rstrip("/"), *parts)
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    fs, path = url_to_fs(url)
+    return fs, path
+
+
+def local_path(url: str) -> Path | None:
+    """The local path of a file:// URL (None for remote URLs)."""
+    fs, path = filesystem(url)
+    return Path(path) if "file" in _protocols(fs) else None
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    return fs.exists(path)
+
+
+def size(url: str) -> int | None:
+    fs, path = filesystem(url)
+    try:
+        return int(fs.size(path))
+    except FileNotFoundError:
+        return None
+
+
+def read_bytes(url: str, start: int | None = None, end: int | None = None) -> bytes:
+    fs, path = filesystem(url)
+    if start is None and end is None:
+        return fs.cat_file(path)
+    return fs.cat_file(path, start=start, end=end)
+
+
+def read_json(url: str) -> Any:
+    return json.loads(read_bytes(url))
+
+
+def _tmp_name(path: str) -> str:
+    head, tail = posixpath.split(path)
+    return posixpath.join(head, f".{tail}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def _commit(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> None:
+    try:
+        fs.mv(tmp, path)
+    except Exception:
+        fs.rm(tmp)
+        raise
+
+
+def write_bytes_atomic(url: str, data: bytes) -> None:
+    fs, path = filesystem(url)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        fs.pipe_file(tmp, data)
+    except Exception:
+        if fs.exists(tmp):
+            fs.rm(tmp)
+        raise
+    _commit(fs, tmp, path)
+
+
+def write_json_atomic(url: str, obj: Any) -> None:
+    write_bytes_atomic(url, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def put_file_atomic(local: str | Path, url: str) -> None:
+    """Upload a local file to `url`; nothing appears under `url` until it is whole."""
+    fs, path = filesystem(url)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    tmp = _tmp_name(path)
+    try:
+        fs.put_file(str(local), tmp)
+    except BaseException:
+        if fs.exists(tmp):
+            fs.rm(tmp)
+        raise
+    _commit(fs, tmp, path)
+
+
+def get_file(url: str, local: str | Path) -> None:
+    """Download `url` to a local path atomically (temporary name, then rename)."""
+    local = Path(local)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
+    fs, path = filesystem(url)
+    try:
+        fs.get_file(path, str(tmp))
+        os.replace(tmp, local)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def remove(url: str, recursive: bool = False) -> None:
+    fs, path = filesystem(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=recursive)
+
+
+def list_dir(url: str) -> list[str]:
+    """Names (not paths) directly under `url`; empty when it does not exist."""
+    fs, path = filesystem(url)
+    try:
+        return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False))
+    except FileNotFoundError:
+        return []
+
+
+def check_writable(root: str) -> None:
+    """Fail early, naming the root, when nothing can be written there."""
+    probe = join(root, f".write-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        write_bytes_atomic(probe, b"ok")
+        remove(probe)
+    except Exception as err:  # noqa: BLE001 - any failure means "not writable"
+        raise StorageError(
+            f"artifact root {root} is not writable ({type(err).__name__}: {err}); "
+            "pass a writable --root (a local directory or a bucket URL you can write to)"
+        ) from err
