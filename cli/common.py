@@ -34,6 +34,8 @@ def setup_logging(verbose: bool = False) -> None:
         stream=sys.stderr,
         force=True,
     )
+    # Every request to the Prefect API is logged at INFO by httpx: noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -47,3 +49,12 @@ def emit(result: dict[str, Any], as_json: bool, human: str) -> None:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:
         typer.echo(human)
+
+
+def prefect_env() -> None:
+    """Defaults for running flows from the CLI: no telemetry (there may be no
+    network, and it can lock the SQLite database); a user's settings win."""
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")

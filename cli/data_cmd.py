@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-import typer
-
-from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, load_config, setup_logging
+from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, prefect_env, setup_logging
 
 
 def prepare(
@@ -15,7 +13,31 @@ def prepare(
     root: Optional[str] = RootOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Tokenize the corpus into llm.c shards under the artifact root (cached)."""
+    """Tokenize the corpus into llm.c shards under the artifact root (cached: a
+    rerun skips finished work, a killed run continues where it stopped)."""
     config = load_config(preset, sets, root)
     setup_logging()
-    raise NotImplementedError  # filled in with the data flow
+    prefect_env()
+    from flows.data import data_flow
+    from gpt2.data.prepare import EmptyCorpusError
+    from gpt2.data.shards import ShardError
+    from gpt2.data.sources import SourceError
+    from gpt2.storage import StorageError
+
+    overrides = dict(s.split("=", 1) for s in sets or [])
+    try:
+        result = data_flow(preset=preset, overrides=_typed(overrides), root=config.runtime.root)
+    except (SourceError, EmptyCorpusError, ShardError, StorageError, FileNotFoundError) as err:
+        fail(str(err))
+    emit(
+        result,
+        as_json,
+        f"{'cached' if result['cached'] else 'prepared'}: {result['shards']} shards, "
+        f"{result['train_tokens']:,} train + {result['val_tokens']:,} val tokens\nmanifest: {result['manifest']}",
+    )
+
+
+def _typed(overrides: dict[str, str]) -> dict:
+    from gpt2.overrides import parse_value
+
+    return {k.strip(): parse_value(v) for k, v in overrides.items()}

@@ -9,6 +9,7 @@ or how fast things run and never enters an identity.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -86,7 +87,9 @@ class TrainConfig(_Section):
     eval_every: int = Field(250, ge=1)
     """Measure validation loss every N steps (and at the end)."""
     val_steps: int = Field(20, ge=1)
-    """Micro-batches of the validation split per evaluation."""
+    """Validation size in global batches: each evaluation reads the first
+    val_steps × total_batch_tokens tokens of the val split (as llm.c does), so the
+    number is the same for any device count or micro-batch."""
     sample_every: int = Field(1000, ge=1)
     """Write text samples every N steps."""
     checkpoint_every: int = Field(500, ge=1)
@@ -141,6 +144,16 @@ class RuntimeConfig(_Section):
     """Compile the model with torch.compile."""
     nproc_per_node: int = Field(1, ge=1)
     """Processes (GPUs) to train with; >1 runs torchrun."""
+
+    @property
+    def work_root(self) -> Path:
+        """Local scratch root: work_dir, or ~/.cache/gpt2-pipeline."""
+        return Path(self.work_dir or Path.home() / ".cache" / "gpt2-pipeline").expanduser()
+    memory_limit_mb: int | None = Field(None, ge=1)
+    """Treat the device as having only this much memory (rehearse a smaller GPU): on
+    CUDA a per-process allocator cap; on CPU an enforced count of parameters,
+    gradients, optimizer state and saved activations. Exceeding it raises
+    torch.OutOfMemoryError. None: the device's real memory."""
 
 
 class Config(_Section):

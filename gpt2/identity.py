@@ -30,7 +30,32 @@ def fingerprint(obj: Any, length: int = 16) -> str:
 
 
 def data_identity(config: Config) -> dict:
-    return {"data": config.data.model_dump(mode="json"), "format": DATA_FORMAT_VERSION}
+    ident = {"data": config.data.model_dump(mode="json"), "format": DATA_FORMAT_VERSION}
+    if config.data.source.startswith("builtin:"):
+        # A built-in sample's text comes from the installed Python: hash it so
+        # another Python version never reuses shards made from other text.
+        from gpt2.data.sources import builtin_digest
+
+        ident["builtin_digest"] = builtin_digest(config.data.source)
+    return ident
+
+
+# What each data step's output depends on: changing the shard size re-shards
+# but never re-tokenizes (hours at 10B tokens); changing limits re-tokenizes
+# but never re-downloads.
+DATA_STEP_FIELDS = {
+    "download": ("source",),
+    "tokenize": ("source", "text_field", "max_documents", "max_tokens", "tokenizer"),
+}
+
+
+def data_step_fingerprint(config: Config, step: str) -> str:
+    """Fingerprint of one data step (download, tokenize, shard, upload)."""
+    ident = data_identity(config)
+    fields = DATA_STEP_FIELDS.get(step)
+    if fields is not None:
+        ident = {**ident, "data": {k: ident["data"][k] for k in fields}}
+    return fingerprint({"step": step if fields else "all", **ident})
 
 
 def train_identity(config: Config) -> dict:

@@ -1,0 +1,218 @@
+"""Training checkpoints under the artifact root, and finding the newest good one.
+
+Layout (the evaluate and export stages read it):
+
+    {root}/runs/{run_name}/checkpoints/step_000500/
+        model.safetensors   GPT state_dict without the tied lm_head.weight
+        optimizer.pt        AdamW state_dict (torch.load(weights_only=True))
+        rng.pt              RNG states (torch.load(weights_only=True))
+        state.json          step, full config, train_fingerprint, loader position,
+                            mlflow_run_id, val_loss, ...
+        COMPLETE            written last: sizes and sha256 of the files above
+
+Each file is written atomically, and the marker last: object stores (GCS)
+have no atomic directory rename, so a directory without a valid marker never
+counts. `run_name` depends on the training identity only, so changing the
+device, the GPU count or the root's location never orphans a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import re
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from gpt2 import storage
+from gpt2.config import Config
+from gpt2.identity import train_fingerprint
+from gpt2.model import GPT
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
+TIED = "lm_head.weight"
+_STEP_DIR = re.compile(r"^step_(\d{6,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete or damaged; the message names the file."""
+
+
+@dataclass
+class Checkpoint:
+    url: str
+    state: dict
+    model: dict[str, torch.Tensor]
+    optimizer: dict
+    rng: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def run_name(config: Config) -> str:
+    return f"{config.data.name}-{train_fingerprint(config)[:12]}"
+
+
+def run_dir_url(config: Config) -> str:
+    return storage.join(storage.normalize_url(config.runtime.root), "runs", run_name(config))
+
+
+def checkpoint_url(run_dir: str, step: int) -> str:
+    return storage.join(run_dir, "checkpoints", f"step_{step:06d}")
+
+
+def _step_dirs(run_dir: str) -> list[tuple[int, str]]:
+    """(step, url) of every step directory, newest first, complete or not."""
+    base = storage.join(run_dir, "checkpoints")
+    found = [(int(m.group(1)), storage.join(base, name))
+             for name in storage.list_dir(base) if (m := _STEP_DIR.match(name))]
+    return sorted(found, reverse=True)
+
+
+def _marker(url: str) -> dict | None:
+    try:
+        return json.loads(storage.read_bytes(storage.join(url, MARKER)))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
+    """URLs of the checkpoints whose marker exists and whose file sizes match it, newest first."""
+    run_dir = run_dir_url(config_or_run_dir) if isinstance(config_or_run_dir, Config) else config_or_run_dir
+    out = []
+    for _, url in _step_dirs(storage.normalize_url(run_dir)):
+        marker = _marker(url)
+        if marker and all(storage.size(storage.join(url, n)) == f["bytes"] for n, f in marker["files"].items()):
+            out.append(url)
+    return out
+
+
+def latest_checkpoint(config_or_run_dir: Config | str) -> str | None:
+    """URL of the newest complete checkpoint of a run (a Config or a run dir URL)."""
+    found = complete_checkpoints(config_or_run_dir)
+    return found[0] if found else None
+
+
+def _to_bytes(obj: object) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict to store: on CPU, contiguous, the tied head left out
+    (safetensors refuses shared tensors; the head is the token embedding)."""
+    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k != TIED}
+
+
+def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict, rng: dict) -> None:
+    """Write one checkpoint directory; it counts only once COMPLETE is written."""
+    storage.remove(url, recursive=True)  # leftovers of a killed write at this step
+    blobs = {
+        "model.safetensors": save_safetensors(model_tensors(model), metadata={"format": "pt"}),
+        "optimizer.pt": _to_bytes(optimizer.state_dict()),
+        "rng.pt": _to_bytes(rng),
+        "state.json": (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(),
+    }
+    files = {}
+    for name, data in blobs.items():
+        storage.write_bytes_atomic(storage.join(url, name), data)
+        files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    storage.write_json_atomic(storage.join(url, MARKER), {"step": state["step"], "files": files})
+
+
+def _read_verified(url: str, name: str, expected: dict) -> bytes:
+    try:
+        data = storage.read_bytes(storage.join(url, name))
+    except FileNotFoundError as err:
+        raise CheckpointError(f"checkpoint file {storage.join(url, name)} is missing") from err
+    if len(data) != expected["bytes"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        raise CheckpointError(f"checkpoint file {storage.join(url, name)} does not match its {MARKER} marker (corrupt)")
+    return data
+
+
+def load_checkpoint(url: str) -> Checkpoint:
+    """Read and verify (sha256) every file of a checkpoint."""
+    marker = _marker(url)
+    if marker is None:
+        raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
+    blobs = {name: _read_verified(url, name, marker["files"][name]) for name in FILES}
+    try:
+        return Checkpoint(
+            url=url,
+            state=json.loads(blobs["state.json"]),
+            model=load_safetensors(blobs["model.safetensors"]),
+            optimizer=torch.load(io.BytesIO(blobs["optimizer.pt"]), weights_only=True, map_location="cpu"),
+            rng=torch.load(io.BytesIO(blobs["rng.pt"]), weights_only=True, map_location="cpu"),
+        )
+    except Exception as err:  # noqa: BLE001 - any decoding failure means a bad checkpoint
+        raise CheckpointError(f"checkpoint {url} cannot be decoded: {type(err).__name__}: {err}") from err
+
+
+def resume_checkpoint(run_dir: str) -> Checkpoint | None:
+    """The newest checkpoint that loads and verifies; damaged newer ones are
+    skipped with a warning and then deleted, since the resumed run rewrites
+    those steps (and pruning must never keep them over good ones)."""
+    for url in complete_checkpoints(run_dir):
+        try:
+            ckpt = load_checkpoint(url)
+        except CheckpointError as err:
+            log.warning("skipping damaged checkpoint: %s; falling back to the previous one", err)
+            continue
+        _discard_after(run_dir, ckpt.step)
+        return ckpt
+    return None
+
+
+def _discard_after(run_dir: str, step: int) -> None:
+    for later, url in _step_dirs(run_dir):
+        if later > step:
+            log.warning("deleting checkpoint %s (newer than the one resumed from)", url)
+            storage.remove(storage.join(url, MARKER))
+            storage.remove(url, recursive=True)
+
+
+def load_weights(model: GPT, tensors: dict[str, torch.Tensor]) -> None:
+    """Load stored tensors; the tied head is restored by sharing, not copying."""
+    full = dict(tensors)
+    full[TIED] = full["transformer.wte.weight"]
+    model.load_state_dict(full, strict=True)
+
+
+def load_model(checkpoint_url: str, device: str = "cpu") -> tuple[GPT, Config]:
+    """The GPT of a checkpoint (eval mode, fp32) and the config it was trained with."""
+    ckpt_state = json.loads(storage.read_bytes(storage.join(checkpoint_url, "state.json")))
+    config = Config.model_validate(ckpt_state["config"])
+    model = GPT(config.model)
+    load_weights(model, load_safetensors(storage.read_bytes(storage.join(checkpoint_url, "model.safetensors"))))
+    return model.to(device).eval(), config
+
+
+def prune(run_dir: str, keep: int) -> None:
+    """Keep the newest `keep` complete checkpoints; delete older ones and any
+    incomplete leftovers. The marker goes first, so a half-deleted directory
+    never looks complete."""
+    complete = set(complete_checkpoints(run_dir)[:keep])
+    for _, url in _step_dirs(run_dir):
+        if url not in complete:
+            storage.remove(storage.join(url, MARKER))
+            storage.remove(url, recursive=True)
+            log.debug("removed old checkpoint %s", url)
+
+
+def clear_run(run_dir: str) -> None:
+    """Delete every checkpoint of a run (`--fresh`)."""
+    for _, url in _step_dirs(run_dir):
+        storage.remove(storage.join(url, MARKER))
+    storage.remove(storage.join(run_dir, "checkpoints"), recursive=True)

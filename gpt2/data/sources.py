@@ -1,0 +1,189 @@
+"""Where documents come from: fsspec URLs/globs streamed through `datasets`,
+or the built-in offline sample.
+
+`data.source` is either an fsspec URL or glob of `.jsonl`/`.json`/`.parquet`/
+`.txt` files (`file://`, `gs://`, `s3://`, `hf://datasets/...`) or
+`builtin:python-docs`: the reference topics that CPython ships in
+`pydoc_data.topics` (~80 documents, ~110k tokens of real English prose), which
+lets the smoke preset run with no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from gpt2 import storage
+from gpt2.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_SOURCES = ("builtin:python-docs",)
+FORMATS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+class SourceError(ValueError):
+    """The source cannot be read; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class SourceFiles:
+    """A resolved source: concrete file URLs of one format."""
+
+    url: str
+    format: str  # a `datasets` packaged builder: json, parquet or text
+    files: tuple[str, ...]
+    sizes: tuple[int, ...] = field(default=())
+    builtin: bool = False
+
+    def describe(self) -> dict:
+        return {"url": self.url, "format": self.format, "files": len(self.files), "bytes": sum(self.sizes)}
+
+
+def builtin_documents(name: str) -> list[dict]:
+    """The documents of a built-in source, in a fixed order."""
+    if name != "builtin:python-docs":
+        raise SourceError(f"unknown built-in source {name!r}; available: {', '.join(BUILTIN_SOURCES)}")
+    from pydoc_data.topics import topics
+
+    return [{"id": key, "text": topics[key]} for key in sorted(topics)]
+
+
+def builtin_digest(name: str) -> str:
+    """Content hash of a built-in source: its text differs between Python
+    versions, so it is part of the data identity."""
+    blob = json.dumps(builtin_documents(name), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def file_format(path: str) -> str | None:
+    for suffix, fmt in sorted(FORMATS.items(), key=lambda kv: -len(kv[0])):
+        if path.endswith(suffix):
+            return fmt
+    return None
+
+
+def resolve(cfg: DataConfig) -> SourceFiles:
+    """Expand `cfg.source` into concrete files, failing clearly when nothing matches."""
+    if cfg.source.startswith(BUILTIN_PREFIX):
+        builtin_documents(cfg.source)  # validates the name
+        return SourceFiles(url=cfg.source, format="json", files=(), builtin=True)
+    fs, path = storage.filesystem(cfg.source)
+    try:
+        if any(ch in path for ch in "*?["):
+            paths = sorted(fs.glob(path))
+        elif fs.isdir(path):
+            paths = sorted(p for p in fs.find(path) if file_format(p))
+        elif fs.exists(path):
+            paths = [path]
+        else:
+            paths = []
+    except FileNotFoundError:
+        paths = []
+    except Exception as err:  # remote errors: unknown repo, no credentials, ...
+        raise SourceError(f"cannot list data.source {cfg.source!r}: {type(err).__name__}: {err}") from err
+    if not paths:
+        raise SourceError(
+            f"no files match data.source {cfg.source!r}; give an fsspec URL or glob of "
+            ".jsonl/.json/.parquet/.txt files, or builtin:python-docs"
+        )
+    formats = {file_format(p) for p in paths}
+    if None in formats or len(formats) != 1:
+        bad = [p for p in paths if file_format(p) is None][:3]
+        raise SourceError(
+            f"data.source {cfg.source!r} must match files of one format among "
+            f"{', '.join(FORMATS)}; got {sorted(str(f) for f in formats)}" + (f" (e.g. {bad})" if bad else "")
+        )
+    protocol = cfg.source.split("://", 1)[0] if "://" in cfg.source else "file"
+    files = tuple(p if "://" in p else f"{protocol}://{p}" if protocol != "file" else p for p in paths)
+    sizes = tuple(int(fs.size(p) or 0) for p in paths)
+    return SourceFiles(url=cfg.source, format=formats.pop(), files=files, sizes=sizes)
+
+
+def is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def materialize_builtin(source: SourceFiles, directory: Path) -> SourceFiles:
+    """Write a built-in source as a JSONL file so it streams like any other."""
+    path = directory / f"{source.url.removeprefix(BUILTIN_PREFIX)}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for doc in builtin_documents(source.url):
+                f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    return SourceFiles(url=source.url, format="json", files=(str(path),), sizes=(path.stat().st_size,), builtin=True)
+
+
+def download(source: SourceFiles, directory: Path, show_progress: bool = True) -> SourceFiles:
+    """Copy remote files to a local directory (each atomically; complete ones
+    are skipped on a rerun) so tokenizing reads local disk, not the network."""
+    from tqdm.auto import tqdm
+
+    local = []
+    bar = tqdm(total=sum(source.sizes), unit="B", unit_scale=True, desc="download", disable=not show_progress)
+    for url, nbytes in zip(source.files, source.sizes):
+        digest = hashlib.sha256(url.encode()).hexdigest()[:8]
+        target = directory / f"{digest}-{posixpath.basename(url)}"
+        if not (target.exists() and target.stat().st_size == nbytes):
+            storage.get_file(url, target)
+        bar.update(nbytes)
+        local.append(str(target))
+    bar.close()
+    return SourceFiles(url=source.url, format=source.format, files=tuple(local), sizes=source.sizes)
+
+
+def iter_text_batches(
+    source: SourceFiles, text_field: str, skip: int = 0, batch_size: int = 256
+) -> Iterator[list[str]]:
+    """Stream documents' text in batches through `datasets` (bounded memory),
+    skipping the first `skip` documents (resume after a crash)."""
+    from datasets import load_dataset
+
+    kwargs = {"sample_by": "document"} if source.format == "text" else {}
+    field_name = "text" if source.format == "text" else text_field
+    ds = load_dataset(source.format, data_files=list(source.files), split="train", streaming=True, **kwargs)
+    if skip:
+        ds = ds.skip(skip)
+    checked = False
+    for batch in ds.iter(batch_size=batch_size):
+        if not checked:
+            if field_name not in batch:
+                raise SourceError(
+                    f"documents in {source.url!r} have no field {field_name!r}; available fields: "
+                    f"{', '.join(sorted(batch))}. Set data.text_field to the one holding the text"
+                )
+            checked = True
+        texts = batch[field_name]
+        if any(not isinstance(t, str) for t in texts):
+            raise SourceError(f"field {field_name!r} in {source.url!r} holds non-text values; set data.text_field")
+        yield texts
+
+
+def count_documents(source: SourceFiles) -> int | None:
+    """Number of documents when cheap to know (parquet footers, built-ins), for ETAs."""
+    if source.builtin:
+        return len(builtin_documents(source.url))
+    if source.format != "parquet":
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        total = 0
+        for url in source.files:
+            fs, path = storage.filesystem(url)
+            with fs.open(path, "rb") as f:
+                total += pq.ParquetFile(f).metadata.num_rows
+        return total
+    except Exception:  # noqa: BLE001 - only an ETA is lost
+        log.debug("could not count documents of %s", source.url, exc_info=True)
+        return None

@@ -1,0 +1,136 @@
+"""Device and process-group setup, driven by the environment torchrun sets.
+
+One process per device. Without torchrun (no WORLD_SIZE) this is a single
+process on `runtime.device`; under torchrun every rank joins a process group
+(NCCL on CUDA, gloo on CPU) that `distributed()` always tears down.
+
+    torchrun --standalone --nproc_per_node=8 -m gpt2.train --config run.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Only rank 0 writes files, logs metrics and prints."""
+        return self.rank == 0
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(requested: str, local_rank: int = 0) -> torch.device:
+    """Resolve `runtime.device` (`auto`, `cpu`, `cuda`, `cuda:N`, `mps`)."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"runtime.device={requested} but CUDA is not available; use runtime.device=cpu or auto")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def enable_fast_math(device: torch.device) -> None:
+    """TF32 matmuls and cuDNN convolutions on Ampere+ (what llm.c and nanoGPT do)."""
+    if device.type != "cuda":
+        return
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9 API
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+@contextlib.contextmanager
+def distributed(requested_device: str = "auto") -> Iterator[DistEnv]:
+    """Join the torchrun process group (if any) for the duration of the block."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    device = pick_device(requested_device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    enable_fast_math(device)
+    joined = False
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
+                                device_id=device if device.type == "cuda" else None)
+        joined = True
+        log.info("rank %d/%d joined the %s process group on %s", rank, world_size, backend, device)
+    try:
+        yield DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    finally:
+        if joined:
+            dist.destroy_process_group()
+
+
+def all_reduce(value: torch.Tensor, env: DistEnv, op: str = "avg") -> torch.Tensor:
+    """Reduce a tensor across ranks in place (a no-op for one process).
+    gloo has no AVG, so the mean is a SUM divided by the world size."""
+    if not env.is_distributed:
+        return value
+    if op == "avg":
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= env.world_size
+    else:
+        dist.all_reduce(value, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
+    return value
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True when `flag` is true on any rank, so every rank takes the same branch."""
+    if not env.is_distributed:
+        return flag
+    t = torch.tensor([int(flag)], device=env.device)
+    return bool(all_reduce(t, env, op="max").item())
+
+
+def barrier(env: DistEnv) -> None:
+    if env.is_distributed:
+        dist.barrier()
+
+
+def amp_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA (llm.c/nanoGPT); fp32 elsewhere so CPU runs are exact."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

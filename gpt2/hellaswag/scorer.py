@@ -1,0 +1,128 @@
+"""Native batched HellaSwag scorer: lm-eval's numbers, fast enough for the
+training loop.
+
+All four endings of an item go through the model in the same forward pass,
+several items per pass. The prompt, tokenization and metrics are lm-eval's
+`hellaswag` task:
+
+- acc: the ending with the highest summed log-probability,
+- acc_norm: summed log-probability divided by the ending's length in
+  characters (lm-eval's definition; what published lm-eval tables quote),
+- acc_norm_per_token: mean log-probability per ending token (the llm.c /
+  build-nanogpt variant, here on lm-eval's prompt), reported under its own name.
+
+In the training loop (pass the unwrapped model; wrap the call in autocast to
+score in bf16):
+
+    items = load_items(config.eval.hellaswag_source, config.eval.limit)
+    metrics = evaluate_hellaswag(model, items, device, config.eval.batch_size)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tiktoken
+
+from gpt2.hellaswag.items import Item
+from gpt2.hellaswag.logprobs import ContinuationScore, eval_mode, model_inputs, score_batch
+from gpt2.tokenizer import get_encoding
+
+
+def encode(enc: tiktoken.Encoding, text: str) -> list[int]:
+    # Special tokens written in the text become special ids, as the Hugging
+    # Face tokenizer does, so both lm-eval backends see the same ids.
+    return enc.encode(text, allowed_special="all")
+
+
+def encode_pair(enc: tiktoken.Encoding, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's TemplateLM._encode_pair for a causal model: trailing spaces of
+    the context move to the continuation; the whole string is encoded and split
+    after the context's tokens (so a merge across the boundary is kept)."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole = encode(enc, context + continuation)
+    context_ids = encode(enc, context)
+    return context_ids, whole[len(context_ids):]
+
+
+def item_requests(enc: tiktoken.Encoding, item: Item) -> list[tuple[list[int], list[int]]]:
+    """(context ids, continuation ids) for each ending; lm-eval scores
+    `query` followed by " " + ending."""
+    return [encode_pair(enc, item.query, " " + ending) for ending in item.endings]
+
+
+@dataclass(frozen=True)
+class ItemScore:
+    scores: tuple[ContinuationScore, ...]
+    label: int
+    pred: int
+    """argmax of summed log-probability (acc)."""
+    pred_norm: int
+    """argmax of log-probability per character of the ending (acc_norm)."""
+    pred_norm_per_token: int
+    """argmax of mean log-probability per token (acc_norm_per_token)."""
+
+
+def judge(item: Item, scores: Sequence[ContinuationScore]) -> ItemScore:
+    # numpy float64 and argmax (first maximum on ties) exactly as lm-eval.
+    lls = np.array([s.logprob for s in scores])
+    chars = np.array([float(len(e)) for e in item.endings])
+    tokens = np.array([float(s.n_tokens) for s in scores])
+    return ItemScore(
+        scores=tuple(scores),
+        label=item.label,
+        pred=int(np.argmax(lls)),
+        pred_norm=int(np.argmax(lls / chars)),
+        pred_norm_per_token=int(np.argmax(lls / tokens)),
+    )
+
+
+def score_items(model: nn.Module, items: Sequence[Item], device: torch.device | str, batch_size: int = 8) -> list[ItemScore]:
+    """Per-item scores, `batch_size` items (4 × batch_size sequences) per forward."""
+    enc = get_encoding("gpt2")
+    max_len = model.config.block_size
+    rows = []
+    for item in items:
+        reqs = item_requests(enc, item)
+        prepared = [model_inputs(ctx, cont, max_len) for ctx, cont in reqs]
+        rows.append([(inp, cont) for (inp, _), (_, cont) in zip(prepared, reqs)])
+    # Longest items first: items of similar length share a batch, less padding.
+    order = sorted(range(len(items)), key=lambda i: -max(len(inp) for inp, _ in rows[i]))
+    out: list[ItemScore | None] = [None] * len(items)
+    with eval_mode(model):
+        for start in range(0, len(order), batch_size):
+            chunk = order[start: start + batch_size]
+            flat = [row for i in chunk for row in rows[i]]  # (items × endings) rows
+            scores = score_batch(model, flat, device)
+            for k, i in enumerate(chunk):
+                n = len(items[i].endings)
+                out[i] = judge(items[i], scores[k * n: (k + 1) * n])
+    return out  # type: ignore[return-value]
+
+
+def summarize(scored: Sequence[ItemScore]) -> dict[str, float]:
+    n = len(scored)
+    return {
+        "acc": sum(s.pred == s.label for s in scored) / n,
+        "acc_norm": sum(s.pred_norm == s.label for s in scored) / n,
+        "acc_norm_per_token": sum(s.pred_norm_per_token == s.label for s in scored) / n,
+        "n": n,
+    }
+
+
+def evaluate_hellaswag(model: nn.Module, items: Sequence[Item], device: torch.device | str, batch_size: int = 8) -> dict[str, float]:
+    """HellaSwag metrics of `model` on `items`: acc, acc_norm,
+    acc_norm_per_token, n, plus the scorer's throughput (items_per_s)."""
+    if not items:
+        raise ValueError("no HellaSwag items to score")
+    t0 = time.perf_counter()
+    metrics = summarize(score_items(model, items, device, batch_size))
+    metrics["items_per_s"] = len(items) / max(time.perf_counter() - t0, 1e-9)
+    return metrics

@@ -1,0 +1,51 @@
+"""Prefect tasks of the data stage: each calls one `gpt2.data.prepare` step.
+
+Each is cached on its own step's identity (gpt2.identity.data_step_fingerprint)
++ code version, so a new shard size re-shards without re-tokenizing;
+runtime settings such as `runtime.num_workers` do not enter the key.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+
+from gpt2.config import Config
+from gpt2.data import prepare
+from gpt2.data.sources import SourceFiles
+from gpt2.identity import data_step_fingerprint
+from tasks.common import ProgressArtifact, identity_cache_key
+
+def step_key(step: str):
+    return identity_cache_key(step, lambda config: data_step_fingerprint(config, step))
+
+
+_CACHED = dict(persist_result=True, retries=2, retry_delay_seconds=10)
+
+
+@task(name="download", cache_key_fn=step_key("download"), **_CACHED)
+def download(config: Config) -> SourceFiles:
+    return prepare.download_source(config)
+
+
+@task(name="tokenize", cache_key_fn=step_key("tokenize"), **_CACHED)
+def tokenize(config: Config, source: SourceFiles) -> prepare.Tokenized:
+    artifact = ProgressArtifact(f"Tokenizing {config.data.source}")
+
+    def progress(docs: int, tokens: int, total: int | None) -> None:
+        limit = config.data.max_tokens
+        fraction = tokens / limit if limit else docs / total if total else 0.0
+        artifact.update(fraction)
+
+    result = prepare.tokenize_source(config, source, progress)
+    artifact.update(1.0, force=True)
+    return result
+
+
+@task(name="shard", cache_key_fn=step_key("shard"), **_CACHED)
+def shard(config: Config, tokenized: prepare.Tokenized) -> prepare.LocalShards:
+    return prepare.shard_tokens(config, tokenized)
+
+
+@task(name="upload", cache_key_fn=step_key("upload"), **_CACHED)
+def upload(config: Config, shards: prepare.LocalShards, source: SourceFiles) -> str:
+    return prepare.upload_shards(config, shards, source)
