@@ -9,6 +9,7 @@ or how fast things run and never enters an identity.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -120,8 +121,16 @@ class EvalConfig(_Section):
 class ExportConfig(_Section):
     registered_model: str = "gpt2-124m"
     """Name of the MLflow registered model for the Hugging Face export."""
-    alias: str = "latest"
-    """Alias pointed at the newly registered version."""
+    alias: str = Field("current", pattern=r"^[A-Za-z0-9_-]+$")
+    """Alias pointed at the newly registered version (MLflow reserves `latest`
+    and `v<N>`)."""
+
+    @field_validator("alias")
+    @classmethod
+    def _alias_not_reserved(cls, v: str) -> str:
+        if v.lower() == "latest" or re.fullmatch(r"[vV]\d+", v):
+            raise ValueError(f"alias {v!r} is reserved by MLflow (latest, v<N>); pick another, e.g. current")
+        return v
 
 
 class TrackingConfig(_Section):
@@ -137,7 +146,9 @@ class RuntimeConfig(_Section):
     work_dir: str | None = None
     """Local scratch directory for intermediate files; None: ~/.cache/gpt2-pipeline."""
     num_workers: int = Field(0, ge=0)
-    """Tokenizer threads; 0 uses every core."""
+    """Tokenizer processes; 0 uses every core."""
+    tokenize_part_tokens: int = Field(1 << 25, ge=1)
+    """Tokens per resumable tokenization part: the most work a kill can lose."""
     device: str = "auto"
     """`auto`, `cpu`, `cuda`, `cuda:N` or `mps`."""
     compile: bool = False

@@ -80,3 +80,14 @@ def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def probe_limit_mb(device: torch.device, limit_mb: int | None) -> int | None:
+    """The limit for the micro-batch search. Without one, a CPU search is capped
+    at 80% of the memory available now: trying a size that exceeds RAM would
+    swap or get the process killed instead of raising an OOM."""
+    if limit_mb is not None or device.type != "cpu":
+        return limit_mb
+    import psutil
+
+    return int(psutil.virtual_memory().available * 0.8) // MB

@@ -1,9 +1,10 @@
 """The artifact root: any fsspec URL (file://, gs://, s3://, memory://).
 
-Writes are atomic: bytes go to a temporary name beside the target and are then
-moved onto it. On a local disk the move is a rename; on object stores an object
-only becomes visible once its upload (or server-side copy) completes, so a
-reader never sees a partial file under its final name.
+Writes are atomic, so a reader never sees a partial file under its final name.
+On object stores (GCS, S3, Azure) an object only becomes visible once its
+upload completes, so bytes go straight to the final name; a temporary name
+plus a move would cost a server-side copy (GCS has no atomic rename). Other
+filesystems get a temporary name beside the target, then a rename.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def read_json(url: str) -> Any:
     return json.loads(read_bytes(url))
 
 
+# Protocols whose uploads are all-or-nothing by the store's own guarantee.
+OBJECT_STORES = frozenset({"gs", "gcs", "s3", "s3a", "az", "abfs", "abfss"})
+
+
+def _writes_atomically(fs: fsspec.AbstractFileSystem) -> bool:
+    return bool(OBJECT_STORES & set(_protocols(fs)))
+
+
 def _tmp_name(path: str) -> str:
     head, tail = posixpath.split(path)
     return posixpath.join(head, f".{tail}.tmp-{uuid.uuid4().hex[:8]}")
@@ -92,6 +101,9 @@ def _commit(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> None:
 
 def write_bytes_atomic(url: str, data: bytes) -> None:
     fs, path = filesystem(url)
+    if _writes_atomically(fs):
+        fs.pipe_file(path, data)
+        return
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     tmp = _tmp_name(path)
     try:
@@ -110,6 +122,9 @@ def write_json_atomic(url: str, obj: Any) -> None:
 def put_file_atomic(local: str | Path, url: str) -> None:
     """Upload a local file to `url`; nothing appears under `url` until it is whole."""
     fs, path = filesystem(url)
+    if _writes_atomically(fs):
+        fs.put_file(str(local), path)
+        return
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     tmp = _tmp_name(path)
     try:

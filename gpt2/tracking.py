@@ -19,17 +19,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 from gpt2 import storage
 from gpt2.config import Config
+from gpt2.outbox import Outbox
 
 log = logging.getLogger(__name__)
-
-Op = tuple[str, Callable[[Any, str], None]]
-"""(description, fn(client, run_id)) of one queued non-metric record."""
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
@@ -44,8 +41,9 @@ def default_tracking_uri(config: Config) -> str:
     """`tracking.uri`, else a SQLite store beside a local root, else one in the work dir."""
     if config.tracking.uri:
         return config.tracking.uri
-    local = storage.local_path(storage.normalize_url(config.runtime.root))
-    base = local if local is not None else work_dir(config)
+    root = storage.normalize_url(config.runtime.root)
+    # By scheme, not via fsspec: instantiating a cloud filesystem may probe for credentials.
+    base = Path(root[len("file://"):]) if root.startswith("file://") else work_dir(config)
     return f"sqlite:///{base / 'mlflow.db'}"
 
 
@@ -75,12 +73,12 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
 
 
 def _prepare_sqlite(uri: str) -> None:
-    if uri.startswith("sqlite:///"):
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///:memory:"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
 
 
 class Tracker:
-    """One MLflow run fed from a background sender; see the module docstring."""
+    """One MLflow run fed through a background Outbox; see the module docstring."""
 
     def __init__(self, config: Config, run_name: str, run_id: str | None = None,
                  parent_run_id: str | None = None, tags: dict[str, Any] | None = None,
@@ -93,85 +91,67 @@ class Tracker:
         self._tags = {k: str(v) for k, v in (tags or {}).items()}
         if parent_run_id:
             self._tags["mlflow.parentRunId"] = parent_run_id
-        self._resumed, self._ready = run_id is not None, False
-        self._system_metrics, self._monitor = system_metrics, None
-        self._metrics: deque = deque()
-        self._ops: deque[Op] = deque()
-        self._lock, self._wake = threading.Lock(), threading.Event()
-        self._tried, self._stopping = threading.Event(), False
-        self._interval, self._close_timeout = flush_interval_s, close_timeout_s
-        self._outage: str | None = None
-        self._spool = Path(tempfile.mkdtemp(prefix="gpt2-tracking-")) if enabled else None
-        self._thread = None
+        self._resumed, self._ready, self._client, self._monitor = run_id is not None, False, None, None
+        self._system_metrics, self._close_timeout = system_metrics, close_timeout_s
+        self._outbox: Outbox | None = None
+        self._spool: Path | None = None
         if enabled:
-            _prepare_sqlite(self.uri)
-            self._thread = threading.Thread(target=self._run, name="mlflow-sender", daemon=True)
-            self._thread.start()
-            self._tried.wait(connect_timeout_s)  # so run_id is known up front when MLflow is up
+            self._spool = Path(tempfile.mkdtemp(prefix="gpt2-tracking-"))
+            self._outbox = Outbox(f"MLflow at {self.uri}", self._connect,
+                                  lambda c, batch: c.log_batch(self.run_id, metrics=batch),
+                                  batch_size=MAX_METRICS_PER_BATCH, interval_s=flush_interval_s)
+            self._outbox.wait_first_attempt(connect_timeout_s)  # so run_id is known up front when MLflow is up
 
     # ----- public API: every call only queues -----
 
     def log_params(self, params: dict[str, Any]) -> None:
         flat = flatten(params)
-        self._queue(f"{len(flat)} params", lambda c, rid: self._send_params(c, rid, flat))
+        self._queue(f"{len(flat)} params", lambda c: self._send_params(c, flat))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if not self.enabled:
+        if self._outbox is None:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        with self._lock:
-            self._metrics.extend(Metric(metric_name(k), float(v), now, step) for k, v in metrics.items())
-        if len(self._metrics) >= MAX_METRICS_PER_BATCH:
-            self._wake.set()
+        self._outbox.put_points([Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()])
 
     def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
-        if not self.enabled:
+        if self._outbox is None:
             return
         # Copied now: the caller may delete or rewrite the file before it is sent.
         src = Path(local_path)
         dst = Path(tempfile.mkdtemp(dir=self._spool)) / src.name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
         send = "log_artifacts" if src.is_dir() else "log_artifact"
-        self._queue(f"artifact {src.name}", lambda c, rid: getattr(c, send)(rid, str(dst), artifact_path))
+        self._queue(f"artifact {src.name}", lambda c: getattr(c, send)(self.run_id, str(dst), artifact_path))
 
     def log_dict(self, obj: Any, name: str) -> None:
-        self._queue(f"artifact {name}", lambda c, rid: c.log_dict(rid, obj, name))
+        self._queue(f"artifact {name}", lambda c: c.log_dict(self.run_id, obj, name))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        from mlflow.entities import RunTag
-
-        batch = [RunTag(k, str(v)) for k, v in tags.items()]
-        self._queue(f"{len(batch)} tags", lambda c, rid: c.log_batch(rid, tags=batch))
+        pairs = {k: str(v) for k, v in tags.items()}
+        self._queue(f"{len(pairs)} tags", lambda c: self._send_tags(c, pairs))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued is sent; False if still pending at `timeout`."""
-        if not self.enabled:
-            return True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._wake.set()
-        while self._pending():
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        return self._outbox is None or self._outbox.flush(timeout)
 
     def close(self, status: str = "FINISHED") -> None:
-        """End the run with `status` after a bounded final flush."""
-        if not self.enabled or self._thread is None:
+        """End the run with `status` after a bounded final flush (one more
+        attempt when MLflow is down, at most close_timeout_s when it is slow)."""
+        if self._outbox is None:
             return
         self._stop_monitor()
-        self._queue(f"status {status}", lambda c, rid: c.set_terminated(rid, status=status))
-        sent = self.flush(self._close_timeout)
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=5)
+        self._queue(f"status {status}", lambda c: c.set_terminated(self.run_id, status=status))
+        sent = self._outbox.flush(self._close_timeout, give_up_on_outage=True)
+        self._outbox.stop()
         if not sent:
+            points, records = self._outbox.pending()
             log.warning("MLflow at %s still unreachable: %d metrics and %d records were not sent",
-                        self.uri, len(self._metrics), len(self._ops))
+                        self.uri, points, records)
         shutil.rmtree(self._spool, ignore_errors=True)
-        self._thread = None
+        self._outbox = None
 
     def __enter__(self) -> "Tracker":
         return self
@@ -179,52 +159,21 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close("FINISHED" if exc_type is None else "KILLED" if exc_type is KeyboardInterrupt else "FAILED")
 
-    # ----- the sender thread -----
+    # ----- on the sender thread -----
 
-    def _queue(self, what: str, fn: Callable[[Any, str], None]) -> None:
-        if self.enabled:
-            with self._lock:
-                self._ops.append((what, fn))
-            self._wake.set()
+    def _queue(self, what: str, send: Callable[[Any], None]) -> None:
+        if self._outbox is not None:
+            self._outbox.put(what, send)
 
-    def _pending(self) -> bool:
-        return bool(self._metrics or self._ops or not self._ready)
+    def _connect(self) -> Any:
+        # Created in the retry loop: the client opens its store eagerly.
+        if self._client is None:
+            from mlflow import MlflowClient
 
-    def _run(self) -> None:
-        from mlflow import MlflowClient
-
-        client, backoff = MlflowClient(tracking_uri=self.uri), 0.0
-        while not self._stopping:
-            ok = self._drain(client)
-            self._tried.set()
-            backoff = 0.0 if ok else min(60.0, max(1.0, backoff * 2))
-            self._wake.wait(backoff or self._interval)
-            self._wake.clear()
-
-    def _drain(self, client: Any) -> bool:
-        try:
-            self._ensure_run(client)
-            while self._ops:
-                self._ops[0][1](client, self.run_id)
-                with self._lock:
-                    self._ops.popleft()
-            while self._metrics:
-                with self._lock:
-                    batch = [self._metrics[i] for i in range(min(MAX_METRICS_PER_BATCH, len(self._metrics)))]
-                client.log_batch(self.run_id, metrics=batch)
-                with self._lock:
-                    for _ in batch:
-                        self._metrics.popleft()
-        except Exception as err:  # noqa: BLE001 - an outage must never reach the training loop
-            if self._outage is None:
-                log.warning("MLflow at %s unavailable (%s: %s); continuing, records are kept and retried",
-                            self.uri, type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "")
-            self._outage = str(err)
-            return False
-        if self._outage is not None:
-            log.warning("MLflow at %s reachable again; buffered records sent", self.uri)
-            self._outage = None
-        return True
+            _prepare_sqlite(self.uri)
+            self._client = MlflowClient(tracking_uri=self.uri)
+        self._ensure_run(self._client)
+        return self._client
 
     def _ensure_run(self, client: Any) -> None:
         if self._ready:
@@ -249,9 +198,7 @@ class Tracker:
             log.warning("MLflow run %s not found at %s; starting a new run", self.run_id, self.uri)
             return False
         if self._tags:
-            from mlflow.entities import RunTag
-
-            client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in self._tags.items()])
+            self._send_tags(client, self._tags)
         return True
 
     def _experiment_id(self, client: Any) -> str:
@@ -266,14 +213,19 @@ class Tracker:
                 raise
             return exp.experiment_id
 
-    def _send_params(self, client: Any, run_id: str, flat: dict[str, str]) -> None:
+    def _send_tags(self, client: Any, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+    def _send_params(self, client: Any, flat: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         # A resumed run already has its params; MLflow refuses to change them.
-        existing = client.get_run(run_id).data.params if self._resumed else {}
+        existing = client.get_run(self.run_id).data.params if self._resumed else {}
         new = [Param(k, v) for k, v in flat.items() if k not in existing]
         for i in range(0, len(new), MAX_PARAMS_PER_BATCH):
-            client.log_batch(run_id, params=new[i:i + MAX_PARAMS_PER_BATCH])
+            client.log_batch(self.run_id, params=new[i:i + MAX_PARAMS_PER_BATCH])
 
     def _start_monitor(self) -> None:
         if not self._system_metrics:

@@ -162,4 +162,4 @@ def val_batches(source: ShardSource, seq_len: int, max_tokens: int, micro_batch:
     if mine is None:
         return []
     data = torch.from_numpy(mine)
-    return [(b[:, :-1], b[:, 1:]) for b in data.split(micro_batch)]
+    return [(b[:, :-1].contiguous(), b[:, 1:].contiguous()) for b in data.split(micro_batch)]

@@ -33,9 +33,6 @@ from gpt2.tokenizer import EOT_TOKEN, N_VOCAB
 
 log = logging.getLogger(__name__)
 
-PART_TOKENS = 1 << 25
-"""Tokens per intermediate part (64 MiB): the most work a kill can lose."""
-
 Progress = Callable[[int, int, "int | None"], None]
 """progress(documents_done, tokens_done, documents_total_or_None)."""
 
@@ -125,10 +122,10 @@ def _completed_parts(directory: Path) -> list[dict]:
 
 class _PartWriter:
     """Appends token arrays to the current part file; seals a part (rename +
-    record) every PART_TOKENS tokens so a killed run resumes after it."""
+    record) every `part_tokens` tokens so a killed run resumes after it."""
 
-    def __init__(self, directory: Path, parts: list[dict]):
-        self.directory, self.parts = directory, parts
+    def __init__(self, directory: Path, parts: list[dict], part_tokens: int):
+        self.directory, self.parts, self.part_tokens = directory, parts, part_tokens
         self.file, self.docs, self.tokens = None, 0, 0
 
     @property
@@ -140,7 +137,7 @@ class _PartWriter:
             self.file = open(self._tmp, "wb")
         self.file.write(arr.tobytes())
         self.docs, self.tokens = self.docs + n_docs, self.tokens + len(arr)
-        if self.tokens >= PART_TOKENS:
+        if self.tokens >= self.part_tokens:
             self.seal()
 
     def seal(self) -> None:
@@ -195,7 +192,7 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
         sources.iter_text_batches(source, config.data.text_field, skip=docs),
         None if max_docs is None else max_docs - docs,
     )
-    writer, bar = _PartWriter(directory, parts), _progress_bar(show_progress, total_docs, docs, tokens)
+    writer, bar = _PartWriter(directory, parts, config.runtime.tokenize_part_tokens), _progress_bar(show_progress, total_docs, docs, tokens)
     try:
         for n_docs, arr in tokenize_stream(batches, config.runtime.num_workers):
             if max_tokens is not None:

@@ -151,11 +151,16 @@ def iter_text_batches(
 
     kwargs = {"sample_by": "document"} if source.format == "text" else {}
     field_name = "text" if source.format == "text" else text_field
-    ds = load_dataset(source.format, data_files=list(source.files), split="train", streaming=True, **kwargs)
+    try:
+        ds = load_dataset(source.format, data_files=list(source.files), split="train", streaming=True, **kwargs)
+    except StopIteration:  # datasets' schema inference found no rows at all
+        raise SourceError(f"data.source {source.url!r} holds no documents (its first file is empty)") from None
+    except Exception as err:
+        raise SourceError(f"cannot read data.source {source.url!r}: {type(err).__name__}: {err}") from err
     if skip:
         ds = ds.skip(skip)
     checked = False
-    for batch in ds.iter(batch_size=batch_size):
+    for batch in _named_errors(ds.iter(batch_size=batch_size), source.url):
         if not checked:
             if field_name not in batch:
                 raise SourceError(
@@ -167,6 +172,18 @@ def iter_text_batches(
         if any(not isinstance(t, str) for t in texts):
             raise SourceError(f"field {field_name!r} in {source.url!r} holds non-text values; set data.text_field")
         yield texts
+
+
+def _named_errors(it: Iterator[dict], url: str) -> Iterator[dict]:
+    """Re-raise reader errors (malformed JSON, unreadable parquet) naming the source."""
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except Exception as err:
+            raise SourceError(f"cannot read data.source {url!r}: {type(err).__name__}: {err}") from err
+        yield batch
 
 
 def count_documents(source: SourceFiles) -> int | None:

@@ -1,8 +1,9 @@
 """Native batched HellaSwag scorer: lm-eval's numbers, fast enough for the
 training loop.
 
-All four endings of an item go through the model in the same forward pass,
-several items per pass. The prompt, tokenization and metrics are lm-eval's
+All four endings of an item go through the model in the same forward pass
+(packed into one sequence that holds the shared context once), several items
+per pass. The prompt, tokenization and metrics are lm-eval's
 `hellaswag` task:
 
 - acc: the ending with the highest summed log-probability,
@@ -31,6 +32,8 @@ import tiktoken
 
 from gpt2.hellaswag.items import Item
 from gpt2.hellaswag.logprobs import ContinuationScore, eval_mode, model_inputs, score_batch
+from gpt2.hellaswag.packed import fits, pack, score_packed
+from gpt2.model import GPT
 from gpt2.tokenizer import get_encoding
 
 
@@ -85,25 +88,31 @@ def judge(item: Item, scores: Sequence[ContinuationScore]) -> ItemScore:
 
 
 def score_items(model: nn.Module, items: Sequence[Item], device: torch.device | str, batch_size: int = 8) -> list[ItemScore]:
-    """Per-item scores, `batch_size` items (4 × batch_size sequences) per forward."""
-    enc = get_encoding("gpt2")
+    """Per-item scores, `batch_size` items per forward pass. Our GPT scores the
+    four endings of an item in one packed sequence (`gpt2.hellaswag.packed`);
+    another model, or an item longer than the window, as four rows."""
+    enc, device = get_encoding("gpt2"), torch.device(device)
     max_len = model.config.block_size
-    rows = []
-    for item in items:
-        reqs = item_requests(enc, item)
-        prepared = [model_inputs(ctx, cont, max_len) for ctx, cont in reqs]
-        rows.append([(inp, cont) for (inp, _), (_, cont) in zip(prepared, reqs)])
+    packable = isinstance(getattr(model, "_orig_mod", model), GPT)
+    reqs = [item_requests(enc, item) for item in items]
     # Longest items first: items of similar length share a batch, less padding.
-    order = sorted(range(len(items)), key=lambda i: -max(len(inp) for inp, _ in rows[i]))
+    order = sorted(range(len(items)), key=lambda i: -sum(len(c) + len(k) for c, k in reqs[i]))
     out: list[ItemScore | None] = [None] * len(items)
     with eval_mode(model):
         for start in range(0, len(order), batch_size):
             chunk = order[start: start + batch_size]
-            flat = [row for i in chunk for row in rows[i]]  # (items × endings) rows
-            scores = score_batch(model, flat, device)
-            for k, i in enumerate(chunk):
-                n = len(items[i].endings)
-                out[i] = judge(items[i], scores[k * n: (k + 1) * n])
+            packed = [i for i in chunk if packable and fits(reqs[i][0][0], [k for _, k in reqs[i]], max_len)]
+            if packed:
+                batch = [pack(reqs[i][0][0], [k for _, k in reqs[i]]) for i in packed]
+                for i, scores in zip(packed, score_packed(model, batch, device)):
+                    out[i] = judge(items[i], [ContinuationScore(*s) for s in scores])
+            rest = [i for i in chunk if i not in packed]
+            if rest:
+                flat = [(model_inputs(c, k, max_len)[0], k) for i in rest for c, k in reqs[i]]  # (items × endings) rows
+                scores = score_batch(model, flat, device)
+                for n, i in enumerate(rest):
+                    m = len(items[i].endings)
+                    out[i] = judge(items[i], scores[n * m: (n + 1) * m])
     return out  # type: ignore[return-value]
 
 

@@ -1,0 +1,226 @@
+"""Tokenizer throughput: the project's prepare path against llm.c's fineweb.py.
+
+    python bench/tokenize.py --mb 50
+
+One run, one corpus, the same number of processes for all three:
+  (a) `gpt2.data.prepare.prepare_data`: source → parts → shards → artifact root;
+  (b) a baseline shaped like llm.c's dev/data/fineweb.py: Pool.imap over single
+      documents (chunksize 16), one encode_ordinary and one numpy conversion
+      per document, a preallocated shard buffer in the parent, shards on disk;
+  (c) the limit: cores × one core's encode_ordinary rate on the texts in memory.
+Start-up (until the first tokens come back) is reported apart from the
+steady-state rate, which counts everything after it, shard writes included.
+The corpus (unless --corpus is given) is built from the docstrings, comments
+and docs of the installed Python and its packages: real, varied English, cut
+into 1-10 KB documents like FineWeb's, written as JSONL with a "text" field.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's directory leads sys.path and its name would
+# shadow the stdlib `tokenize` (used by linecache, inspect, ...): drop it.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import multiprocessing as mp  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import sysconfig  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from gpt2.data.shards import write_shard  # noqa: E402
+from gpt2.tokenizer import EOT_TOKEN, get_encoding  # noqa: E402
+
+SHARD_SIZE = 100_000_000  # llm.c's default, for (a) and (b) alike
+DOCSTRING = re.compile(r'"""(.*?)"""|\'\'\'(.*?)\'\'\'', re.S)
+COMMENTS = re.compile(r"(?:^[ \t]*#[^\n]*\n)+", re.M)
+
+
+# --- the corpus -------------------------------------------------------------
+
+
+def _paragraphs(path: Path) -> list[str]:
+    """Prose of one file: docstrings and comment blocks of .py, all of the rest."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return []
+    if path.suffix == ".py":
+        blocks = [a or b for a, b in DOCSTRING.findall(text)]
+        blocks += [re.sub(r"^[ \t]*# ?", "", m, flags=re.M) for m in COMMENTS.findall(text)]
+    else:
+        blocks = [text]
+    return [p.strip() for b in blocks for p in re.split(r"\n\s*\n", b) if len(p.strip()) >= 40]
+
+
+def build_corpus(path: Path, mb: float) -> None:
+    """Pack unique paragraphs of installed sources into 1-10 KB documents."""
+    roots = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    rng, seen = random.Random(0), set()  # fixed seed and sorted walk: same corpus every run
+    budget, doc, target = int(mb * 1e6), [], 0
+    with open(path, "w", encoding="utf-8") as out:
+        for root in roots:
+            for dirpath, dirnames, files in os.walk(root):
+                dirnames.sort()
+                for name in sorted(f for f in files if f.endswith((".py", ".rst", ".md", ".txt"))):
+                    for para in _paragraphs(Path(dirpath, name)):
+                        key = hashlib.blake2b(para.encode(), digest_size=8).digest()
+                        if key in seen:  # license headers repeat in thousands of files
+                            continue
+                        seen.add(key)
+                        doc.append(para)
+                        target = target or int(rng.lognormvariate(8.2, 0.6))  # median ~3.6 KB
+                        if sum(map(len, doc)) < min(max(target, 1000), 10_000):
+                            continue
+                        budget -= out.write(json.dumps({"text": "\n\n".join(doc)}) + "\n")
+                        doc, target = [], 0
+                        if budget <= 0:
+                            return
+    raise SystemExit(f"only {mb - budget / 1e6:.1f} MB of text found; ask for fewer --mb")
+
+
+def read_texts(path: Path):
+    # Parsed in the parent, one document at a time, as fineweb.py iterates its dataset.
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+# --- (a) the project's path ---------------------------------------------------
+
+
+def run_project(corpus: Path, tmp: Path, workers: int) -> dict:
+    from gpt2.data.prepare import prepare_data
+    from gpt2.overrides import resolve_config
+
+    config = resolve_config("smoke", {
+        "data.source": str(corpus), "data.name": "bench", "data.val_tokens": 1_000_000,
+        "data.shard_size": SHARD_SIZE, "runtime.work_dir": str(tmp / "work"),
+        "runtime.num_workers": workers,
+    }, root=(tmp / "artifacts").as_uri())
+    first: list[tuple[float, int]] = []
+
+    def progress(docs: int, tokens: int, total: int | None) -> None:
+        if not first:
+            first.append((time.perf_counter(), tokens))
+
+    t0 = time.perf_counter()
+    result = prepare_data(config, progress=progress, show_progress=False)
+    return _timing(t0, first[0], time.perf_counter(), result.total_tokens)
+
+
+# --- (b) the llm.c fineweb.py baseline ------------------------------------------
+
+_enc = None
+
+
+def _init_baseline() -> None:
+    global _enc
+    _enc = get_encoding()
+
+
+def _tokenize_doc(doc: dict) -> np.ndarray:
+    tokens = [EOT_TOKEN]  # every document starts with <|endoftext|>
+    tokens.extend(_enc.encode_ordinary(doc["text"]))
+    tokens_np = np.array(tokens)
+    assert (0 <= tokens_np).all() and (tokens_np < 2**16).all(), "token id out of uint16 range"
+    return tokens_np.astype(np.uint16)
+
+
+def _write(directory: Path, index: int, tokens: np.ndarray) -> None:
+    split = "val" if index == 0 else "train"
+    with open(directory / f"baseline_{split}_{index:06d}.bin", "wb") as f:
+        write_shard(f, tokens)
+
+
+def run_baseline(corpus: Path, tmp: Path, workers: int) -> dict:
+    out = tmp / "baseline"
+    out.mkdir()
+    t0, first, total = time.perf_counter(), None, 0
+    # The default start method, as fineweb.py uses (fork on Linux).
+    with mp.Pool(workers, initializer=_init_baseline) as pool:
+        buf, count, index = np.empty(SHARD_SIZE, dtype=np.uint16), 0, 0
+        for tokens in pool.imap(_tokenize_doc, read_texts(corpus), chunksize=16):
+            first = first or (time.perf_counter(), total)
+            total += len(tokens)
+            if count + len(tokens) < SHARD_SIZE:
+                buf[count:count + len(tokens)] = tokens
+                count += len(tokens)
+                continue
+            room = SHARD_SIZE - count  # fill this shard, spill the rest into the next
+            buf[count:] = tokens[:room]
+            _write(out, index, buf)
+            index, count = index + 1, len(tokens) - room
+            buf[:count] = tokens[room:]
+        if count:
+            _write(out, index, buf[:count])
+    return _timing(t0, first, time.perf_counter(), total)
+
+
+def _timing(t0: float, first: tuple[float, int], end: float, total: int) -> dict:
+    t_first, tokens_first = first
+    return {"tokens": total, "startup_s": t_first - t0, "total_s": end - t0,
+            "rate": (total - tokens_first) / (end - t_first), "e2e_rate": total / (end - t0)}
+
+
+# --- (c) the limit ------------------------------------------------------------
+
+
+def run_limit(corpus: Path, workers: int) -> dict:
+    enc = get_encoding()
+    texts = [doc["text"] for doc in read_texts(corpus)]
+    enc.encode_ordinary("warm up")  # the first call compiles the regex
+    t0 = time.perf_counter()
+    total = sum(len(enc.encode_ordinary(t)) for t in texts) + len(texts)  # + one EOT each
+    one_core = total / (time.perf_counter() - t0)
+    return {"tokens": total, "one_core": one_core, "rate": workers * one_core, "docs": len(texts)}
+
+
+# --- report -------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=float, default=50, help="corpus size to build, in MB of JSONL")
+    parser.add_argument("--corpus", type=Path, help="use this JSONL (a 'text' field per line) instead")
+    parser.add_argument("--workers", type=int, default=0, help="processes for (a) and (b); 0: every core")
+    args = parser.parse_args()
+    from gpt2.data.tokenize import default_workers
+
+    workers = args.workers or default_workers()
+    with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as name:
+        tmp = Path(name)
+        corpus = args.corpus
+        if corpus is None:
+            corpus, t = tmp / "corpus.jsonl", time.perf_counter()
+            build_corpus(corpus, args.mb)
+            print(f"built {corpus.stat().st_size / 1e6:.1f} MB corpus in {time.perf_counter() - t:.1f}s")
+        c = run_limit(corpus, workers)
+        print(f"corpus: {c['docs']:,} documents, {corpus.stat().st_size / 1e6:.1f} MB; {workers} processes")
+        a = run_project(corpus, tmp, workers)
+        b = run_baseline(corpus, tmp, workers)
+    print(f"\n{'':32} {'tokens':>12} {'start-up s':>10} {'total s':>8} {'tokens/s':>12}")
+    for label, r in (("(a) project prepare_data", a), ("(b) llm.c fineweb.py baseline", b)):
+        print(f"{label:32} {r['tokens']:12,} {r['startup_s']:10.2f} {r['total_s']:8.2f} {r['rate']:12,.0f}"
+              f"   (end to end {r['e2e_rate']:,.0f})")
+    print(f"{'(c) limit: cores × 1 core':32} {c['tokens']:12,} {'':10} {'':8} {c['rate']:12,.0f}"
+          f"   (one core {c['one_core']:,.0f})")
+    print(f"\na/b = {a['rate'] / b['rate']:.2f} (target ≥ 1.2)   a/c = {a['rate'] / c['rate']:.2f} (target ≥ 0.9)"
+          f"   [steady state, start-up excluded]")
+    print(f"end to end: a/b = {a['e2e_rate'] / b['e2e_rate']:.2f}   a/c = {a['e2e_rate'] / c['rate']:.2f}")
+    if not a["tokens"] == b["tokens"] == c["tokens"]:
+        raise SystemExit(f"token counts differ: a={a['tokens']:,} b={b['tokens']:,} c={c['tokens']:,}")
+
+
+if __name__ == "__main__":
+    main()

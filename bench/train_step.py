@@ -1,0 +1,172 @@
+"""Benchmark: our training step against a plain nanoGPT-style loop, and what
+checkpointing and MLflow logging cost relative to a step.
+
+    python -m bench.train_step                 # CPU: a small GPT, fp32
+    python -m bench.train_step --cuda          # GPU: GPT-2 124M, bf16 autocast, MFU
+
+The reference is written here on purpose: a straightforward GPT module and an
+AdamW loop (same dims, batch, dtype, attention kernel), the baseline every
+number is a ratio against. Both run in this process, interleaved, so machine
+noise hits them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2 import checkpoint
+from gpt2.config import ModelConfig, TrainConfig
+from gpt2.distributed import DistEnv, amp_dtype, autocast
+from gpt2.model import GPT
+from gpt2.optim import make_optimizer
+from gpt2.overrides import resolve_config
+from gpt2.steps import StepContext, train_step
+from gpt2.throughput import mfu, peak_flops, synchronize
+from gpt2.tracking import Tracker
+
+
+class RefBlock(nn.Module):
+    def __init__(self, C: int, H: int):
+        super().__init__()
+        self.H = H
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.fc, self.out = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class RefGPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(cfg.vocab_size, cfg.n_embd), nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(RefBlock(cfg.n_embd, cfg.n_head) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+
+def ref_step(model, opt, batches, device, dtype):
+    opt.zero_grad(set_to_none=True)
+    for x, y in batches:
+        with autocast(device, dtype):
+            loss = model(x, y) / len(batches)
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def timed(fn, device) -> float:
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def measure_steps(args, cfg: ModelConfig, device: torch.device) -> dict:
+    dtype = amp_dtype(device)
+    torch.manual_seed(0)
+    ours = GPT(cfg).to(device)
+    ref = RefGPT(cfg).to(device)
+    tcfg = TrainConfig()
+    our_opt = make_optimizer(ours, tcfg, device.type)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=6e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
+    if args.compile:
+        ours, ref = torch.compile(ours), torch.compile(ref)
+    raw = ours._orig_mod if args.compile else ours
+    ctx = StepContext(DistEnv(0, 0, 1, device), dtype, 1.0)
+    batches = [(torch.randint(0, 50257, (args.batch, cfg.block_size), device=device),) * 2
+               for _ in range(args.accum)]
+    run_ours = lambda: train_step(ours, raw, our_opt, batches, ctx)  # noqa: E731
+    run_ref = lambda: ref_step(ref, ref_opt, batches, device, dtype)  # noqa: E731
+    for _ in range(args.warmup):
+        run_ours(), run_ref()
+    t_ours, t_ref = [], []
+    for _ in range(args.steps):  # interleaved: background load hits both alike
+        t_ours.append(timed(run_ours, device))
+        t_ref.append(timed(run_ref, device))
+    return {"ours": statistics.median(t_ours), "ref": statistics.median(t_ref), "model": raw, "opt": our_opt}
+
+
+def measure_overheads(model, opt, step_s: float, root: Path) -> dict:
+    config = resolve_config("smoke", {"tracking.uri": f"sqlite:///{root}/mlflow.db"}, root=str(root))
+    url = checkpoint.checkpoint_url(str(root), 1)
+    state = {"step": 1, "config": config.model_dump(mode="json")}
+    save_s = statistics.median(timed(lambda: checkpoint.save_checkpoint(url, model, opt, state, {}), torch.device("cpu"))
+                               for _ in range(3))
+    with Tracker(config, "bench") as tracker:
+        n = 200
+        t0 = time.perf_counter()
+        for i in range(n):
+            tracker.log_metrics({"train/loss": 3.0, "train/lr": 6e-4, "train/grad_norm": 1.0,
+                                 "perf/tokens_per_second": 1e6, "perf/mfu": 0.5}, step=i)
+        log_s = (time.perf_counter() - t0) / n
+        t0 = time.perf_counter()
+        tracker.flush()
+        send_s = (time.perf_counter() - t0) / n
+    return {"save_s": save_s, "log_s": log_s, "send_s": send_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cuda", action="store_true", help="GPT-2 124M on the GPU in bf16")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--accum", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+    if args.cuda:
+        device, cfg = torch.device("cuda"), ModelConfig()
+        args.batch = args.batch or 16
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+    else:
+        device, cfg = torch.device("cpu"), ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128)
+        args.batch = args.batch or 4
+    r = measure_steps(args, cfg, device)
+    tokens = args.batch * args.accum * cfg.block_size
+    print(f"device {device} | model L{cfg.n_layer} H{cfg.n_head} C{cfg.n_embd} T{cfg.block_size} "
+          f"| {tokens} tokens/step | dtype {amp_dtype(device) or torch.float32} | compile {args.compile}")
+    print(f"reference: {tokens / r['ref']:,.0f} tok/s ({1000 * r['ref']:.1f} ms/step)")
+    print(f"ours:      {tokens / r['ours']:,.0f} tok/s ({1000 * r['ours']:.1f} ms/step)")
+    print(f"ratio ours/reference: {r['ref'] / r['ours']:.3f}x")
+    util = mfu(r["model"].flops_per_token(), tokens / r["ours"], peak_flops(device))
+    if util is not None:
+        print(f"MFU: {100 * util:.1f}%")
+    with tempfile.TemporaryDirectory() as tmp:
+        o = measure_overheads(r["model"], r["opt"], r["ours"], Path(tmp))
+    step = r["ours"]
+    print(f"checkpoint save: {o['save_s']:.3f}s = {o['save_s'] / step:.2f} steps; "
+          f"amortized every 500 steps (gpt2-124m): {100 * o['save_s'] / (500 * step):.3f}% of step time")
+    print(f"MLflow log_metrics (5 metrics, on the training thread): {1e6 * o['log_s']:.1f} us/step "
+          f"= {100 * o['log_s'] / step:.4f}% of step time")
+    print(f"MLflow background send (SQLite, off the training thread): {1e3 * o['send_s']:.2f} ms/step "
+          f"= {100 * o['send_s'] / step:.3f}% of step time")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

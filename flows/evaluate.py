@@ -1,0 +1,64 @@
+"""Stage flow `gpt2-eval`: lm-eval's HellaSwag on a checkpoint, cached.
+
+    gpt2 evaluate --preset smoke --json                # via the CLI
+    python -m flows.evaluate --preset smoke            # the flow directly
+
+The checkpoint is the latest complete one of the preset's training run unless
+one is named. A rerun on the same weights with the same eval settings is
+Cached (and returns the same MLflow run id).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from gpt2 import storage
+from gpt2.checkpoint_ref import resolve_checkpoint
+from gpt2.config import Config
+from gpt2.overrides import resolve_config
+from tasks.common import run_cached
+from tasks.evaluate import evaluate_hellaswag
+
+
+def run_eval_stage(config: Config, checkpoint: str | None = "latest", parent_run_id: str | None = None) -> dict[str, Any]:
+    """Evaluate; returns the evaluation result plus `mlflow_run_id` and `cached`."""
+    ref = resolve_checkpoint(config, checkpoint)
+    get_run_logger().info("evaluating %s on %s", ref.url, config.eval.hellaswag_source)
+    result, cached = run_cached(
+        evaluate_hellaswag, config, ref, parent_run_id,
+        valid=lambda r: storage.exists(r["result_url"]),
+    )
+    return {**result, "cached": cached}
+
+
+@flow(name="gpt2-eval", log_prints=False)
+def eval_flow(
+    preset: str = "smoke",
+    overrides: dict[str, Any] | None = None,
+    root: str | None = None,
+    checkpoint: str = "latest",
+    parent_run_id: str | None = None,
+) -> dict[str, Any]:
+    """HellaSwag (lm-eval, checked against the native scorer) of a checkpoint."""
+    config = resolve_config(preset, overrides or {}, root=root)
+    return run_eval_stage(config, checkpoint, parent_run_id)
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smoke")
+    parser.add_argument("--root", default=None)
+    parser.add_argument("--checkpoint", default="latest")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    print(json.dumps(eval_flow(args.preset, {}, args.root, args.checkpoint), default=str))
+
+
+if __name__ == "__main__":
+    main()

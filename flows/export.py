@@ -1,0 +1,69 @@
+"""Stage flow `gpt2-export`: a checkpoint as a Hugging Face directory and
+llm.c files under the run, the HF model registered in MLflow; cached.
+
+    gpt2 export --preset smoke --json                  # via the CLI
+    python -m flows.export --preset smoke              # the flow directly
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from gpt2 import storage
+from gpt2.checkpoint_ref import resolve_checkpoint
+from gpt2.config import Config
+from gpt2.export.writer import export_complete
+from gpt2.overrides import resolve_config
+from tasks.common import run_cached
+from tasks.export import export_checkpoint, register_model
+from tasks.registry import model_version_exists
+
+
+def _registered(config: Config):
+    def check(result: dict[str, Any]) -> bool:
+        return model_version_exists(config, result["registered_model"], result["model_version"])
+
+    return check
+
+
+def run_export_stage(config: Config, checkpoint: str | None = "latest", parent_run_id: str | None = None) -> dict[str, Any]:
+    """Export and register; returns the export paths, the registry entry and `cached`."""
+    ref = resolve_checkpoint(config, checkpoint)
+    storage.check_writable(storage.normalize_url(config.runtime.root))
+    get_run_logger().info("exporting %s", ref.url)
+    export, c1 = run_cached(export_checkpoint, config, ref, valid=lambda r: export_complete(r["export_dir"], ref))
+    entry, c2 = run_cached(register_model, config, ref, export, parent_run_id, valid=_registered(config))
+    return {**export, **entry, "cached": c1 and c2}
+
+
+@flow(name="gpt2-export", log_prints=False)
+def export_flow(
+    preset: str = "smoke",
+    overrides: dict[str, Any] | None = None,
+    root: str | None = None,
+    checkpoint: str = "latest",
+    parent_run_id: str | None = None,
+) -> dict[str, Any]:
+    """HF + llm.c export of a checkpoint, the HF model registered in MLflow."""
+    config = resolve_config(preset, overrides or {}, root=root)
+    return run_export_stage(config, checkpoint, parent_run_id)
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smoke")
+    parser.add_argument("--root", default=None)
+    parser.add_argument("--checkpoint", default="latest")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    print(json.dumps(export_flow(args.preset, {}, args.root, args.checkpoint), default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Stage flow `gpt2-train`: train on the data stage's shards, resumably.
+
+    gpt2 train --preset smoke                        # via the CLI
+    python -m flows.train --preset smoke [--fresh]   # the flow directly
+
+One device trains in-process; `runtime.nproc_per_node>1` runs
+`torchrun --nproc_per_node=N -m gpt2.train --config run.json` and streams its
+logs here. Rerunning (or retrying) continues from the newest checkpoint; a
+finished run is a cache hit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from gpt2 import checkpoint, storage
+from gpt2.config import Config
+from gpt2.data.manifest import load_manifest, manifest_url
+from gpt2.overrides import resolve_config
+from tasks.common import bind, run_cached
+from tasks.train import train as train_task
+
+
+def _finished(config: Config, result: dict) -> bool:
+    """A cached result is only good while its final checkpoint exists."""
+    return bool(result.get("checkpoint")) and result["checkpoint"] == checkpoint.latest_checkpoint(config)
+
+
+def _start_over(config: Config) -> None:
+    """--fresh, once per flow run: a rescheduled or retried run of this same
+    flow run must resume what it already trained, not wipe it again."""
+    run_dir = checkpoint.run_dir_url(config)
+    marker = storage.join(run_dir, f".fresh-{flow_run.id or 'local'}")
+    if storage.exists(marker):
+        get_run_logger().info("--fresh already applied by this flow run; resuming")
+        return
+    checkpoint.clear_run(run_dir)
+    storage.write_bytes_atomic(marker, b"")
+
+
+def run_train_stage(config: Config, fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
+    load_manifest(manifest_url(config))  # fail fast, saying how to make the data
+    tags = {"prefect.flow_run_id": str(flow_run.id)} if flow_run.id else {}
+    if fresh:
+        _start_over(config)
+        result = bind(train_task, config, refresh=True)(config, parent_run_id, tags)
+        cached = False
+    else:
+        result, cached = run_cached(train_task, config, parent_run_id, tags, valid=lambda r: _finished(config, r))
+    return {**result, "cached": cached}
+
+
+@flow(name="gpt2-train", log_prints=False)
+def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, root: str | None = None,
+               fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
+    """Train a preset plus dotted-key overrides; returns the training result."""
+    config = resolve_config(preset, overrides or {}, root=root)
+    get_run_logger().info("training %s (%d steps) -> %s", checkpoint.run_name(config),
+                          config.train.max_steps, checkpoint.run_dir_url(config))
+    return run_train_stage(config, fresh, parent_run_id)
+
+
+def main() -> None:
+    import argparse
+    import json
+    import logging
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smoke")
+    parser.add_argument("--root", default=None)
+    parser.add_argument("--fresh", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    print(json.dumps(train_flow(args.preset, {}, args.root, args.fresh)))
+
+
+if __name__ == "__main__":
+    main()

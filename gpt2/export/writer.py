@@ -1,0 +1,132 @@
+"""Export one checkpoint: the HF directory and the llm.c files, under the run.
+
+    {root}/runs/{run}/export/step_000060/hf/            GPT2LMHeadModel + tokenizer
+    {root}/runs/{run}/export/step_000060/llmc/gpt2_124M.bin, gpt2_tokenizer.bin
+    {root}/runs/{run}/export/step_000060/manifest.json  written last: files, sizes, sha256
+
+Files are built in a local scratch directory, then uploaded one by one
+(atomic per file); the manifest marks the export complete. On any failure the
+partial export directory is removed, so nothing half-written is left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpt2 import storage
+from gpt2.checkpoint import load_model
+from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.export import hf, llmc
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+EXPORT_FORMAT_VERSION = 1
+
+
+class ExportError(RuntimeError):
+    """The export could not be written; the message names the destination."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    export_dir: str
+    hf_dir: str
+    llmc_bin: str
+    llmc_tokenizer: str
+    step: int
+    checkpoint: str
+    model_sha256: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def export_dir_url(ref: CheckpointRef, root: str) -> str:
+    return ref.output_dir(root, "export")
+
+
+def build_local(ref: CheckpointRef, out: Path) -> dict[str, Path]:
+    """Write every export file under a local directory; returns relative name → path."""
+    model, config = load_model(ref.url, "cpu")
+    state = model.state_dict()
+    hf.write_hf_dir(state, config.model, out / "hf")
+    (out / "llmc").mkdir()
+    llmc.write_model_bin(state, config.model, out / "llmc" / llmc.model_file_name(config.model))
+    llmc.write_tokenizer_bin(out / "llmc" / "gpt2_tokenizer.bin")
+    return {p.relative_to(out).as_posix(): p for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _upload(files: dict[str, Path], dest: str, ref: CheckpointRef) -> dict:
+    manifest = {"format": EXPORT_FORMAT_VERSION, "checkpoint": ref.url, "step": ref.step,
+                "model_sha256": ref.model_sha256, "files": {}}
+    for name, path in files.items():
+        storage.put_file_atomic(path, storage.join(dest, name))
+        manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    storage.write_json_atomic(storage.join(dest, MANIFEST), manifest)
+    return manifest
+
+
+def read_manifest(dest: str) -> dict | None:
+    try:
+        return storage.read_json(storage.join(dest, MANIFEST))
+    except (OSError, ValueError):  # absent, or a root we cannot even read
+        return None
+
+
+def export_complete(dest: str, ref: CheckpointRef) -> bool:
+    """An export of these exact weights is already there, every file whole."""
+    manifest = read_manifest(dest)
+    return bool(
+        manifest
+        and manifest.get("model_sha256") == ref.model_sha256
+        and manifest.get("format") == EXPORT_FORMAT_VERSION
+        and all(storage.size(storage.join(dest, n)) == f["bytes"] for n, f in manifest["files"].items())
+    )
+
+
+def _result(dest: str, ref: CheckpointRef, manifest: dict) -> ExportResult:
+    llmc_bin = next(n for n in manifest["files"] if n.startswith("llmc/gpt2_") and n != "llmc/gpt2_tokenizer.bin")
+    return ExportResult(
+        export_dir=dest,
+        hf_dir=storage.join(dest, "hf"),
+        llmc_bin=storage.join(dest, llmc_bin),
+        llmc_tokenizer=storage.join(dest, "llmc/gpt2_tokenizer.bin"),
+        step=ref.step,
+        checkpoint=ref.url,
+        model_sha256=ref.model_sha256,
+    )
+
+
+def export_checkpoint(ref: CheckpointRef, root: str, work_dir: str | Path | None = None) -> ExportResult:
+    """Export the checkpoint `ref` into its run's directory under the artifact
+    root (reused when an export of the same weights is already complete)."""
+    dest = export_dir_url(ref, root)
+    if export_complete(dest, ref):
+        log.info("export of %s already complete at %s", ref.url, dest)
+        return _result(dest, ref, read_manifest(dest))
+    storage.check_writable(storage.normalize_url(root))
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix="gpt2-export-") as tmp:
+        files = build_local(ref, Path(tmp))
+        storage.remove(dest, recursive=True)  # leftovers of an interrupted export
+        try:
+            manifest = _upload(files, dest, ref)
+        except Exception as err:
+            storage.remove(dest, recursive=True)
+            raise ExportError(f"writing the export to {dest} failed ({type(err).__name__}: {err}); nothing was kept") from err
+    log.info("exported %s to %s", ref.url, dest)
+    return _result(dest, ref, manifest)

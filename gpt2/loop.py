@@ -1,0 +1,206 @@
+"""The training loop: steps, validation, samples, checkpoints, metrics.
+
+Only rank 0 writes checkpoints, logs metrics and reports progress; every rank
+takes part in the steps and the validation passes, and all ranks agree on
+when to stop (SIGTERM on any rank stops all of them after the same step).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from gpt2 import checkpoint
+from gpt2.distributed import any_rank, barrier
+from gpt2.identity import train_fingerprint
+from gpt2.optim import lr_at, set_lr
+from gpt2.progress import Progress, StepInfo
+from gpt2.report import loss_curve_png, text_samples
+from gpt2.session import Session, TrainingError, rng_state
+from gpt2.steps import evaluate, train_step
+from gpt2.throughput import Throughput, mfu, now, peak_flops, synchronize
+from gpt2.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    run_name: str
+    checkpoint: str | None
+    steps: int
+    train_loss: float | None
+    val_loss: float | None
+    tokens_per_second: float
+    mlflow_run_id: str | None
+    preempted: bool = False
+
+
+def _every(done: int, interval: int, last: int) -> bool:
+    return done % interval == 0 or done == last
+
+
+class Loop:
+    def __init__(self, session: Session, progress: Progress | None, parent_run_id: str | None,
+                 tags: dict | None, stop) -> None:
+        self.s, self.cfg, self.progress, self.stop = session, session.config, progress, stop
+        self.run_name, self.run_dir = checkpoint.run_name(self.cfg), checkpoint.run_dir_url(self.cfg)
+        state = session.resumed_state
+        self.history = state.get("history", {"train": [], "val": []})
+        self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
+        self.last_checkpoint = checkpoint.checkpoint_url(self.run_dir, session.start_step) if state else None
+        self.saved_step = session.start_step
+        self.throughput = Throughput()
+        self.saved_tps = state.get("tokens_per_second", 0.0)
+        self.peak, self.flops_per_token = peak_flops(session.env.device), session.raw_model.flops_per_token()
+        self.log_every = max(1, self.cfg.train.max_steps // 100)
+        all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
+        self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
+                               parent_run_id=parent_run_id, tags=all_tags,
+                               enabled=session.env.is_main, system_metrics=True)
+        if session.env.is_main and not state:
+            self.tracker.log_params(self.cfg.model_dump(mode="json"))
+            self.tracker.log_dict(self.cfg.model_dump(mode="json"), "config.json")
+
+    def run(self) -> Outcome:
+        status, preempted = "FAILED", False
+        try:
+            for step in range(self.s.start_step, self.cfg.train.max_steps):
+                done = self._step(step)
+                if any_rank(self.stop.requested, self.s.env):
+                    if self.saved_step != done:
+                        self._save(done)
+                    preempted = True
+                    break
+            self._finish()
+            status = "KILLED" if preempted else "FINISHED"
+        finally:
+            self.tracker.close(status)
+        return Outcome(self.run_name, self.last_checkpoint, self._steps_done(), self.train_loss, self.val_loss,
+                       self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted)
+
+    def _steps_done(self) -> int:
+        return self.history["train"][-1][0] if self.history["train"] else self.s.start_step
+
+    def _step(self, step: int) -> int:
+        s, cfg = self.s, self.cfg.train
+        lr = lr_at(step, cfg)
+        set_lr(s.optimizer, lr)
+        batches = s.loader.next_batches()
+        synchronize(s.env.device)
+        t0 = now()
+        try:
+            loss, norm = train_step(s.model, s.raw_model, s.optimizer, batches, s.ctx)
+        except torch.OutOfMemoryError as err:
+            raise TrainingError(self._oom_message(step + 1, err)) from err
+        synchronize(s.env.device)
+        dt = now() - t0
+        done = step + 1
+        if not math.isfinite(loss):
+            raise TrainingError(
+                f"loss is {loss} at step {done} of {cfg.max_steps}: training diverged; the last good checkpoint "
+                f"is {self.last_checkpoint or '(none yet)'}; lower train.lr or raise train.warmup_steps"
+            )
+        self.throughput.add(cfg.total_batch_tokens, dt)
+        self.train_loss = loss
+        self.history["train"].append([done, loss])
+        val = self._validate(done)
+        self._report(done, loss, lr, norm, cfg.total_batch_tokens / dt, val)
+        if _every(done, cfg.sample_every, cfg.max_steps):
+            self._samples(done)
+        if _every(done, cfg.checkpoint_every, cfg.max_steps):
+            self._save(done)
+        return done
+
+    def _oom_message(self, step: int, err: Exception) -> str:
+        limit = self.cfg.runtime.memory_limit_mb
+        where = f"runtime.memory_limit_mb={limit}" if limit else str(self.s.env.device)
+        return (f"out of memory at step {step} with micro-batch {self.s.micro_batch} x {self.cfg.model.block_size} "
+                f"tokens ({where}): set a smaller train.micro_batch_size (or train.micro_batch_size=auto); "
+                f"the global batch stays train.total_batch_tokens. ({str(err).splitlines()[0][:200]})")
+
+    def _validate(self, done: int) -> float | None:
+        if not _every(done, self.cfg.train.eval_every, self.cfg.train.max_steps):
+            return None
+        model = self.s.model.module if hasattr(self.s.model, "module") else self.s.model
+        self.val_loss = evaluate(model, self.s.val, self.s.ctx)
+        self.history["val"].append([done, self.val_loss])
+        return self.val_loss
+
+    def _report(self, done: int, loss: float, lr: float, norm: float, tps: float, val: float | None) -> None:
+        if not self.s.env.is_main:
+            return
+        per_device = tps / self.s.env.world_size
+        util = mfu(self.flops_per_token, per_device, self.peak)
+        metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "perf/tokens_per_second": tps}
+        if util is not None:
+            metrics["perf/mfu"] = util
+        if val is not None:
+            metrics["val/loss"] = val
+        self.tracker.log_metrics(metrics, step=done)
+        remaining = self.cfg.train.max_steps - done
+        avg = self.throughput.tokens_per_second
+        eta = remaining * self.cfg.train.total_batch_tokens / avg if avg else None
+        if self.progress is not None:
+            self.progress(StepInfo(done, self.cfg.train.max_steps, loss, lr, norm, tps, util, eta, val))
+        if done % self.log_every == 0 or val is not None or done == self.cfg.train.max_steps:
+            extra = f" | mfu {100 * util:.1f}%" if util is not None else ""
+            extra += f" | val {val:.4f}" if val is not None else ""
+            log.info("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s",
+                     done, self.cfg.train.max_steps, loss, lr, norm, tps, extra)
+
+    def _samples(self, done: int) -> None:
+        if not self.s.env.is_main:
+            return
+        texts = text_samples(self.s.raw_model, self.s.env.device, seed=self.cfg.train.seed + done)
+        body = "\n\n".join(f"--- sample {i} ---\n{t}" for i, t in enumerate(texts))
+        log.info("samples at step %d:\n%s", done, body)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"step_{done:06d}.txt"
+            path.write_text(body + "\n")
+            self.tracker.log_artifact(path, "samples")
+
+    def _save(self, done: int) -> None:
+        if self.s.env.is_main:
+            url = checkpoint.checkpoint_url(self.run_dir, done)
+            t0 = now()
+            checkpoint.save_checkpoint(url, self.s.raw_model, self.s.optimizer, self._state(done),
+                                       rng_state(self.s.env.device))
+            checkpoint.prune(self.run_dir, self.cfg.train.keep_checkpoints)
+            log.info("checkpoint %s written in %.2fs", url, now() - t0)
+            self.last_checkpoint = url
+        self.saved_step = done
+        barrier(self.s.env)
+
+    def _state(self, done: int) -> dict:
+        return {
+            "step": done,
+            "config": self.cfg.model_dump(mode="json"),
+            "train_fingerprint": train_fingerprint(self.cfg),
+            "run_name": self.run_name,
+            "loader": self.s.loader.state_dict(),
+            "mlflow_run_id": self.tracker.run_id,
+            "train_loss": self.train_loss,
+            "val_loss": self.val_loss,
+            "val_loss_step": self.history["val"][-1][0] if self.history["val"] else None,
+            "tokens_seen": done * self.cfg.train.total_batch_tokens,
+            "tokens_per_second": self.throughput.tokens_per_second or self.saved_tps,
+            "micro_batch_size": self.s.micro_batch,
+            "world_size": self.s.env.world_size,
+            "saved_at": datetime.now(timezone.utc).isoformat(),
+            "history": self.history,
+        }
+
+    def _finish(self) -> None:
+        if not self.s.env.is_main or not self.history["train"]:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            png = loss_curve_png(Path(tmp) / "loss_curve.png", self.history["train"], self.history["val"],
+                                 self.run_name)
+            self.tracker.log_artifact(png)

@@ -1,0 +1,146 @@
+"""Everything a training run builds before its first step: data, model,
+optimizer, the resumed state, the micro-batch size.
+
+Resuming is the default: the newest checkpoint of the run that loads and
+verifies is restored (weights, optimizer, RNG, loader position, MLflow run),
+so rerunning the same command after any crash continues the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gpt2 import checkpoint, memory
+from gpt2.config import Config
+from gpt2.data.loader import ShardSource, TrainLoader, default_work_dir, val_batches
+from gpt2.data.manifest import load_manifest, manifest_url
+from gpt2.distributed import DistEnv, amp_dtype, barrier
+from gpt2.model import GPT
+from gpt2.optim import make_optimizer
+from gpt2.steps import Batch, StepContext, find_micro_batch
+
+log = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message names the step and the setting to change."""
+
+
+@dataclass
+class Session:
+    config: Config
+    env: DistEnv
+    raw_model: GPT
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: TrainLoader
+    val: list[Batch]
+    ctx: StepContext
+    micro_batch: int
+    start_step: int = 0
+    resumed_state: dict = field(default_factory=dict)
+
+
+def check_batch_shape(config: Config, world_size: int) -> int:
+    """Sequences per rank per step; the total batch must split evenly."""
+    T, total = config.model.block_size, config.train.total_batch_tokens
+    if total % (T * world_size):
+        raise TrainingError(
+            f"train.total_batch_tokens={total} is not a multiple of model.block_size × devices "
+            f"= {T} × {world_size}; choose a multiple of {T * world_size}"
+        )
+    return total // (T * world_size)
+
+
+def resume_from(run_dir: str, env: DistEnv, fresh: bool) -> checkpoint.Checkpoint | None:
+    """Rank 0 picks (and on --fresh clears) the checkpoint; every rank loads it."""
+    url = None
+    if env.is_main:
+        if fresh:
+            log.info("--fresh: deleting the checkpoints of %s", run_dir)
+            checkpoint.clear_run(run_dir)
+        ckpt = checkpoint.resume_checkpoint(run_dir)
+        url = ckpt.url if ckpt else None
+    if env.is_distributed:
+        box = [url]
+        dist.broadcast_object_list(box, src=0)
+        url = box[0]
+        if not env.is_main:
+            return checkpoint.load_checkpoint(url) if url else None
+    return ckpt if env.is_main else None
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    torch.set_rng_state(rng["cpu"])
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    # Kernel choices (fused/foreach) belong to this machine, not the checkpoint.
+    kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, own in zip(optimizer.param_groups, kernels):
+        group.update(own)
+
+
+def _micro_batch(config: Config, model: torch.nn.Module, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> int:
+    setting = config.train.micro_batch_size
+    if setting != "auto":
+        if seqs_per_rank % setting:
+            raise TrainingError(
+                f"train.micro_batch_size={setting} does not divide the {seqs_per_rank} sequences each of "
+                f"{ctx.env.world_size} device(s) gets per step; choose a divisor of {seqs_per_rank} or auto"
+            )
+        return setting
+    probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
+    chosen = find_micro_batch(model, lambda: make_optimizer(raw, config.train, ctx.env.device_type),
+                              seqs_per_rank, config.model.block_size, config.model.vocab_size, probe_ctx)
+    log.info("train.micro_batch_size=auto chose %d sequences x %d tokens (%d accumulation steps)",
+             chosen, config.model.block_size, seqs_per_rank // chosen)
+    return chosen
+
+
+def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
+    url = manifest_url(config)
+    manifest = load_manifest(url)
+    seqs_per_rank = check_batch_shape(config, env.world_size)
+    ckpt = resume_from(checkpoint.run_dir_url(config), env, fresh)
+    memory.set_cuda_limit(env.device, config.runtime.memory_limit_mb)
+
+    torch.manual_seed(config.train.seed)  # weights init is the same on every device
+    raw = GPT(config.model)
+    if ckpt:
+        checkpoint.load_weights(raw, ckpt.model)
+    raw.to(env.device)
+    optimizer = make_optimizer(raw, config.train, env.device_type)
+    if ckpt:
+        _load_optimizer(optimizer, ckpt.optimizer)
+        restore_rng(ckpt.rng, env.device)
+    model = torch.compile(raw) if config.runtime.compile else raw
+    ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, config.runtime.memory_limit_mb)
+    micro = _micro_batch(config, model, raw, seqs_per_rank, ctx)
+    if env.is_distributed:
+        model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
+
+    source = ShardSource(url, manifest, default_work_dir(config.runtime.work_dir), env)
+    loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
+    if ckpt:
+        loader.load_state_dict(ckpt.state["loader"])
+    val_tokens = config.train.val_steps * config.train.total_batch_tokens
+    val = val_batches(source, config.model.block_size, val_tokens, micro, env)
+    barrier(env)
+    return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
+                   start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {})

@@ -1,0 +1,133 @@
+"""One optimizer step, one validation pass, and the micro-batch search.
+
+These are the pieces of the training loop that touch tensors; the loop itself
+(gpt2.train) only sequences them, checkpoints and reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from gpt2 import memory
+from gpt2.distributed import DistEnv, all_reduce, autocast
+from gpt2.throughput import synchronize
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every step needs besides the model: device, precision, limits."""
+
+    env: DistEnv
+    amp: torch.dtype | None
+    grad_clip: float
+    memory_limit_mb: int | None = None
+
+
+def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               batches: list[Batch], ctx: StepContext) -> tuple[float, float]:
+    """Forward/backward over the micro-batches (gradient accumulation), clip,
+    AdamW step. Returns (mean loss over ranks, gradient norm before clipping)."""
+    device = ctx.env.device
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=device)
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # DDP all-reduces gradients only after the last micro-batch.
+        last = i == len(batches) - 1
+        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
+        with sync:
+            with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb):
+                _, loss = model(x, y)
+            # The mean over the whole global batch, not the sum of micro-batch means.
+            loss = loss / len(batches)
+            loss.backward()
+        loss_sum += loss.detach()
+    all_reduce(loss_sum, ctx.env)
+    max_norm = ctx.grad_clip if ctx.grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
+    optimizer.step()
+    return loss_sum.item(), norm.item()
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[Batch], ctx: StepContext) -> float:
+    """Mean token loss over the whole validation set (every rank's share)."""
+    device = ctx.env.device
+    model.eval()
+    total = torch.zeros(2, device=device, dtype=torch.float64)  # [loss sum, token count]
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with autocast(device, ctx.amp):
+            _, loss = model(x, y)
+        total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=device)])
+    model.train()
+    all_reduce(total, ctx.env, op="sum")
+    return (total[0] / total[1]).item()
+
+
+def divisors_desc(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def _probe(model: torch.nn.Module, make_opt: Callable[[], torch.optim.Optimizer], batch: int,
+           seq_len: int, vocab: int, ctx: StepContext) -> None:
+    """A real forward, backward and optimizer step at (batch, seq_len)."""
+    # A private generator: the search must not move the global RNG, so a run
+    # with `auto` trains exactly like one given the chosen size.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(ctx.env.device)
+    optimizer = make_opt()
+    try:
+        train_step(model, model, optimizer, [(x[:, :-1], x[:, 1:])],
+                   StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb))
+        synchronize(ctx.env.device)
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        del optimizer
+
+
+def _local(env: DistEnv) -> DistEnv:
+    """The probe runs on each rank alone (no collectives, no hang if one rank OOMs)."""
+    return DistEnv(rank=0, local_rank=env.local_rank, world_size=1, device=env.device)
+
+
+def find_micro_batch(model: torch.nn.Module, make_opt: Callable[[], torch.optim.Optimizer],
+                     seqs_per_rank: int, seq_len: int, vocab: int, ctx: StepContext) -> int:
+    """The largest micro-batch dividing `seqs_per_rank` whose full training
+    step fits in memory, halving on OOM; the same on every rank (the minimum)."""
+    snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    choice, candidates = 0, divisors_desc(seqs_per_rank)
+    batch = candidates[0]
+    try:
+        while True:
+            try:
+                _probe(model, make_opt, batch, seq_len, vocab, ctx)
+                choice = batch
+                break
+            except torch.OutOfMemoryError:
+                memory.release(ctx.env.device)
+                log.info("micro-batch %d x %d tokens does not fit; halving", batch, seq_len)
+                smaller = [d for d in candidates if d <= batch // 2]
+                if not smaller:
+                    break
+                batch = smaller[0]
+    finally:
+        model.load_state_dict(snapshot)
+        memory.release(ctx.env.device)
+    chosen = int(all_reduce(torch.tensor([choice], device=ctx.env.device), ctx.env, op="min").item())
+    if chosen == 0:
+        raise torch.OutOfMemoryError(
+            f"even a micro-batch of 1 x {seq_len} tokens does not fit on {ctx.env.device}; "
+            "use a smaller model.block_size or model, or a device with more memory"
+        )
+    return chosen

@@ -1,0 +1,86 @@
+"""Tokens per second and model FLOPs utilization (MFU).
+
+MFU = achieved model FLOPs / the device's peak dense bf16 FLOPs (the
+convention of PaLM, nanoGPT and llm.c). Peaks come from the vendors' data
+sheets; devices not in the table (and CPUs) report tokens/s only.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s. More specific names
+# come first: the first substring found in the CUDA device name wins.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("H800", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+)
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's peak bf16 FLOP/s, or None when unknown (CPU, MPS, new GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_second_per_device: float, peak: float | None) -> float | None:
+    """Fraction of peak used by the model's training FLOPs (None without a peak)."""
+    if peak is None:
+        return None
+    return flops_per_token * tokens_per_second_per_device / peak
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work so a wall-clock interval measures the step itself."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Throughput:
+    """Running tokens/s over timed steps; the first step (warm-up, compilation)
+    of each session is left out of the average when there are others."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.seconds = 0.0
+        self.first: tuple[int, float] | None = None
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if self.first is None:
+            self.first = (tokens, seconds)
+            return
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        if self.seconds > 0:
+            return self.tokens / self.seconds
+        if self.first is not None and self.first[1] > 0:
+            return self.first[0] / self.first[1]
+        return 0.0
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,34 @@
+"""Prefect task of the evaluate stage: lm-eval's HellaSwag on one checkpoint,
+logged to MLflow. Cached on the checkpoint's weights + the eval settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from gpt2 import evaluation
+from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.config import Config
+from gpt2.identity import fingerprint
+from gpt2.tracking import Tracker
+from tasks.common import CODE_VERSION
+from tasks.tracking import stage_tags
+
+
+def eval_key(_context: Any, parameters: dict) -> str:
+    config, ref = parameters["config"], parameters["ref"]
+    ident = {"weights": ref.model_sha256, "eval": config.eval.model_dump(mode="json"),
+             "format": evaluation.EVAL_FORMAT_VERSION}
+    return f"evaluate-{fingerprint(ident)}-{CODE_VERSION}"
+
+
+@task(name="evaluate-hellaswag", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=10)
+def evaluate_hellaswag(config: Config, ref: CheckpointRef, parent_run_id: str | None = None) -> dict[str, Any]:
+    with Tracker(config, f"eval-{ref.run_name}-{ref.step_name}", parent_run_id=parent_run_id,
+                 tags=stage_tags("evaluate", ref)) as tracker:
+        result = evaluation.evaluate_checkpoint(config, ref)
+        tracker.log_params({"eval": config.eval.model_dump(mode="json"), "checkpoint": ref.url, "step": ref.step})
+        tracker.log_metrics({f"hellaswag/{k}": v for k, v in result["hellaswag"].items() if v is not None}, step=ref.step)
+        tracker.log_dict(result, "eval/hellaswag.json")
+    return {**result, "mlflow_run_id": tracker.run_id}

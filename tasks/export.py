@@ -1,0 +1,61 @@
+"""Prefect tasks of the export stage: write the HF + llm.c export of a
+checkpoint (cached on its weights), then log and register the HF model in
+MLflow (cached on the weights + the registry name and alias)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from gpt2 import storage
+from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.config import Config
+from gpt2.export import writer
+from gpt2.identity import fingerprint
+from gpt2.tracking import Tracker
+from tasks.common import CODE_VERSION
+from tasks.registry import register_hf_model
+from tasks.tracking import stage_tags
+
+
+def files_key(_context: Any, parameters: dict) -> str:
+    ident = {"weights": parameters["ref"].model_sha256, "format": writer.EXPORT_FORMAT_VERSION}
+    return f"export-{fingerprint(ident)}-{CODE_VERSION}"
+
+
+def register_key(_context: Any, parameters: dict) -> str:
+    config, ref = parameters["config"], parameters["ref"]
+    ident = {"weights": ref.model_sha256, "export": config.export.model_dump(mode="json"),
+             "tracking": config.tracking.model_dump(mode="json")}
+    return f"register-{fingerprint(ident)}-{CODE_VERSION}"
+
+
+@task(name="export-checkpoint", cache_key_fn=files_key, persist_result=True, retries=1, retry_delay_seconds=10)
+def export_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
+    return writer.export_checkpoint(ref, config.runtime.root, config.runtime.work_root).to_dict()
+
+
+@task(name="register-model", cache_key_fn=register_key, persist_result=True)
+def register_model(config: Config, ref: CheckpointRef, export: dict[str, Any], parent_run_id: str | None = None) -> dict[str, Any]:
+    name, alias = config.export.registered_model, config.export.alias
+    with Tracker(config, f"export-{ref.run_name}-{ref.step_name}", parent_run_id=parent_run_id,
+                 tags=stage_tags("export", ref)) as tracker:
+        tracker.log_params({"export": config.export.model_dump(mode="json"), "checkpoint": ref.url, "step": ref.step})
+        tracker.log_dict(export, "export/manifest.json")
+        config.runtime.work_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=config.runtime.work_root) as tmp:
+            version = register_hf_model(tracker, _local_copy(export["hf_dir"], Path(tmp)), name, alias)
+    return {"registered_model": name, "model_version": version, "alias": alias, "mlflow_run_id": tracker.run_id}
+
+
+def _local_copy(url: str, tmp: Path) -> Path:
+    """The HF directory on local disk (downloaded when the root is remote)."""
+    local = storage.local_path(url)
+    if local is not None:
+        return local
+    for name in storage.list_dir(url):
+        storage.get_file(storage.join(url, name), tmp / name)
+    return tmp

@@ -1,0 +1,41 @@
+"""Prefect task of the training stage: calls `gpt2.launch.train_stage`.
+
+Cached on the training identity (gpt2.identity.train_fingerprint) + code
+version. Retrying is always safe because training resumes from the newest
+checkpoint; errors that a retry cannot fix (NaN loss, out of memory, a bad
+batch shape) and preemption (the process is going away) are not retried.
+"""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+
+from gpt2.checkpoint import run_name
+from gpt2.config import Config
+from gpt2.identity import train_fingerprint
+from gpt2.launch import train_stage
+from gpt2.progress import ProgressBar, StepInfo
+from gpt2.session import TrainingError
+from tasks.common import ProgressArtifact, identity_cache_key
+
+
+def _retryable(task, task_run, state) -> bool:
+    return not isinstance(state.result(raise_on_failure=False), (TrainingError, FileNotFoundError))
+
+
+@task(name="train", cache_key_fn=identity_cache_key("train", train_fingerprint), persist_result=True,
+      retries=2, retry_delay_seconds=30, retry_condition_fn=_retryable)
+def train(config: Config, parent_run_id: str | None = None, tags: dict | None = None) -> dict:
+    artifact = ProgressArtifact(f"Training {run_name(config)}")
+    bar = ProgressBar(config.train.max_steps)
+
+    def progress(info: StepInfo) -> None:
+        bar(info)
+        artifact.update(info.fraction)
+
+    try:
+        result = train_stage(config, progress, get_run_logger().info, parent_run_id, tags)
+    finally:
+        bar.close()
+    artifact.update(1.0, force=True)
+    return result.to_dict()

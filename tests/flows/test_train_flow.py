@@ -1,0 +1,91 @@
+"""The `gpt2-train` stage flow and `gpt2 train`: real Prefect server, real
+MLflow (SQLite under the tmp root), in-process and torchrun (2 gloo workers)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from prefect.client.orchestration import get_client
+from typer.testing import CliRunner
+
+from cli.main import app
+from flows.train import train_flow
+from gpt2 import checkpoint
+from tests.gpt2.train_fixtures import TINY, tiny_config, write_dataset
+
+KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
+        "tokens_per_second", "mlflow_run_id"}
+
+
+@pytest.fixture
+def stage(tmp_path, prefect_server):
+    overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work")}
+    root = str(tmp_path / "root")
+    config = tiny_config(tmp_path / "root", **{"runtime.work_dir": str(tmp_path / "work")})
+    write_dataset(config)
+    return config, dict(preset="smoke", overrides=overrides, root=root)
+
+
+def progress_artifacts() -> list:
+    with get_client(sync_client=True) as client:
+        return [a for a in client.read_artifacts() if a.type == "progress"]
+
+
+def test_flow_trains_then_is_cached_and_fresh_starts_over(stage):
+    config, args = stage
+    before = len(progress_artifacts())
+    first = train_flow(**args)
+    assert KEYS <= set(first) and first["steps"] == 8 and not first["cached"]
+    assert first["checkpoint"] == checkpoint.latest_checkpoint(config)
+    done = progress_artifacts()
+    assert len(done) == before + 1 and max(a.data for a in done) == 100.0
+
+    again = train_flow(**args)
+    assert again["cached"] and again["final_val_loss"] == first["final_val_loss"]
+
+    fresh = train_flow(**args, fresh=True)
+    assert not fresh["cached"] and fresh["resumed_from_step"] == 0
+    assert fresh["final_val_loss"] == first["final_val_loss"]
+
+
+def test_several_processes_run_under_torchrun(stage):
+    config, args = stage
+    args["overrides"] = {**args["overrides"], "runtime.nproc_per_node": 2, "train.max_steps": 4}
+    state = train_flow(**args, return_state=True)
+    result = state.result()
+    assert result["world_size"] == 2 and result["steps"] == 4
+    assert result["checkpoint"].endswith("step_000004")
+    # The workers' lines reached the flow's logs (and so the Prefect UI).
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    query = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+    deadline, messages = time.monotonic() + 30, ""
+    while "step 4/4" not in messages and time.monotonic() < deadline:  # logs are shipped in batches
+        time.sleep(0.5)
+        with get_client(sync_client=True) as client:
+            messages = "\n".join(log.message for log in client.read_logs(query))
+    assert "torch.distributed.run" in messages and "step 4/4" in messages and "[rank 0]" in messages
+
+
+def test_cli_says_how_to_make_missing_data(tmp_path):
+    out = CliRunner().invoke(app, ["train", "--preset", "smoke", "--root", str(tmp_path / "empty"),
+                                   "--set", "train.max_steps=5"])
+    assert out.exit_code == 1
+    assert "manifest.json does not exist" in out.output
+    assert f"gpt2 prepare --preset smoke --set train.max_steps=5 --root {tmp_path / 'empty'}" in out.output
+
+
+def test_cli_json_result(stage):
+    config, args = stage
+    sets = [f"{k}={v}" for k, v in args["overrides"].items()] + ["train.max_steps=2", "train.checkpoint_every=2"]
+    cmd = ["train", "--preset", "smoke", "--root", args["root"], "--json"]
+    for s in sets:
+        cmd += ["--set", s]
+    out = CliRunner().invoke(app, cmd)
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert KEYS <= set(result)
+    assert result["steps"] == 2 and result["resumed_from_step"] == 0
+    assert isinstance(result["final_val_loss"], float) and result["checkpoint"].endswith("step_000002")

@@ -1,0 +1,94 @@
+"""Config tree: presets, dotted overrides, all-at-once validation, identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2.config import Config
+from gpt2.identity import data_fingerprint, data_step_fingerprint, train_fingerprint
+from gpt2.overrides import ConfigError, parse_assignments, resolve_config
+from gpt2.presets import PRESETS
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid_configs(name):
+    config = resolve_config(name)
+    assert isinstance(config, Config)
+    assert config.preset == name
+
+
+def test_gpt2_124m_is_the_llmc_recipe():
+    c = resolve_config("gpt2-124m")
+    assert (c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.block_size) == (12, 12, 768, 1024)
+    assert c.model.vocab_size == 50304
+    assert c.train.total_batch_tokens == 524_288
+    assert c.train.betas == (0.9, 0.95) and c.train.lr == 6e-4 and c.train.weight_decay == 0.1
+    assert c.train.grad_clip == 1.0 and 600 <= c.train.warmup_steps <= 800
+    # ~10B tokens of decay
+    assert 9.5e9 < c.train.max_steps * c.train.total_batch_tokens < 10.5e9
+    assert "fineweb-edu" in c.data.source and "10BT" in c.data.source
+
+
+def test_overrides_are_typed_from_strings():
+    c = resolve_config("smoke", ["train.max_steps=7", "data.source=gs://bucket/x/*.jsonl", "train.betas=[0.8,0.9]"])
+    assert c.train.max_steps == 7
+    assert c.data.source == "gs://bucket/x/*.jsonl"
+    assert c.train.betas == (0.8, 0.9)
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        resolve_config(
+            "smoke",
+            ["train.max_steps=-1", "nope.key=1", "model.n_head=3", "data.shard_size=abc", "missing-equals"],
+        )
+    problems = info.value.problems
+    text = "\n".join(problems)
+    assert len(problems) == 5, text
+    for needle in ("train.max_steps", "nope.key", "n_head", "data.shard_size", "missing-equals"):
+        assert needle in text
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ConfigError, match="smoke"):
+        resolve_config("gpt5")
+
+
+def test_config_is_frozen():
+    c = resolve_config("smoke")
+    with pytest.raises(Exception):
+        c.train.max_steps = 3
+
+
+def test_runtime_never_enters_identity():
+    a = resolve_config("smoke")
+    b = resolve_config(
+        "smoke",
+        {"runtime.num_workers": 7, "runtime.device": "cuda", "runtime.work_dir": "/elsewhere",
+         "eval.limit": 5, "export.alias": "x"},
+        root="gs://other/bucket",
+    )
+    assert data_fingerprint(a) == data_fingerprint(b)
+    assert train_fingerprint(a) == train_fingerprint(b)
+
+
+def test_identity_fields_change_fingerprints_per_step():
+    base = resolve_config("smoke")
+    sharded = resolve_config("smoke", {"data.shard_size": 4096})
+    limited = resolve_config("smoke", {"data.max_documents": 10})
+    # A new shard size re-shards but does not re-tokenize or re-download.
+    assert data_step_fingerprint(base, "tokenize") == data_step_fingerprint(sharded, "tokenize")
+    assert data_step_fingerprint(base, "shard") != data_step_fingerprint(sharded, "shard")
+    # A document limit re-tokenizes but does not re-download.
+    assert data_step_fingerprint(base, "download") == data_step_fingerprint(limited, "download")
+    assert data_step_fingerprint(base, "tokenize") != data_step_fingerprint(limited, "tokenize")
+    assert data_fingerprint(base) != data_fingerprint(sharded)
+    # Training identity covers the data it trains on.
+    assert train_fingerprint(base) != train_fingerprint(sharded)
+    assert train_fingerprint(base) != train_fingerprint(resolve_config("smoke", {"train.lr": 1e-4}))
+
+
+def test_parse_assignments_json_and_strings():
+    values, problems = parse_assignments(["a.b=1", "c.d=true", "e.f=null", "g.h=text", "bad"])
+    assert values == {"a.b": 1, "c.d": True, "e.f": None, "g.h": "text"}
+    assert len(problems) == 1 and "bad" in problems[0]

@@ -1,0 +1,49 @@
+"""`gpt2/` is a pure library: no prefect anywhere, mlflow only in tracking.py."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+GPT2 = Path(__file__).resolve().parents[2] / "gpt2"
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_prefect_import_in_source():
+    files = sorted(GPT2.rglob("*.py"))
+    assert files
+    offenders = [str(f.relative_to(GPT2)) for f in files if "prefect" in _imports(f)]
+    assert offenders == []
+
+
+def test_mlflow_only_through_tracking_module():
+    offenders = [
+        str(f.relative_to(GPT2)) for f in sorted(GPT2.rglob("*.py"))
+        if "mlflow" in _imports(f) and f.name != "tracking.py"
+    ]
+    assert offenders == []
+
+
+def test_importing_every_module_loads_no_prefect():
+    modules = [
+        ".".join(("gpt2",) + f.relative_to(GPT2).with_suffix("").parts)
+        for f in sorted(GPT2.rglob("*.py")) if f.name != "__init__.py" and f.name != "__main__.py"
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] == 'prefect'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

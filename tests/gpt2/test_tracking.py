@@ -1,0 +1,92 @@
+"""The MLflow tracker: defaults, batching, resume of a run, outage and catch-up."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from mlflow import MlflowClient
+
+from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, flatten, metric_name
+from tests.gpt2.train_fixtures import tiny_config
+
+
+def test_defaults_live_under_the_artifact_root(tmp_path):
+    config = tiny_config(tmp_path)
+    assert default_tracking_uri(config) == f"sqlite:///{tmp_path}/mlflow.db"
+    assert artifact_location(config) == f"file://{tmp_path}/mlflow-artifacts"
+    remote = tiny_config("gs://bucket/prefix", **{"runtime.work_dir": str(tmp_path / "w")})
+    assert default_tracking_uri(remote) == f"sqlite:///{tmp_path}/w/mlflow.db"
+    assert artifact_location(remote) == "gs://bucket/prefix/mlflow-artifacts"
+    assert default_tracking_uri(tiny_config(tmp_path, **{"tracking.uri": "http://mlflow:5000"})) == "http://mlflow:5000"
+
+
+def test_params_are_flat_and_metric_names_have_no_commas():
+    assert flatten({"train": {"lr": 0.1, "betas": [0.9, 0.95]}, "preset": "smoke"}) == {
+        "train.lr": "0.1", "train.betas": "[0.9, 0.95]", "preset": "smoke"}
+    assert metric_name("hellaswag/acc_norm,none") == "hellaswag/acc_norm_none"
+
+
+def test_reopening_a_run_continues_its_curves(tmp_path):
+    config = tiny_config(tmp_path)
+    with Tracker(config, "run-a", tags={"stage": "train"}) as first:
+        first.log_params({"a": 1})
+        first.log_metrics({"loss": 2.0}, step=1)
+    with Tracker(config, "run-a", run_id=first.run_id) as again:
+        again.log_params({"a": 1, "b": 2})
+        again.log_metrics({"loss": 1.0}, step=2)
+    client = MlflowClient(default_tracking_uri(config))
+    run = client.get_run(first.run_id)
+    assert run.data.params == {"a": "1", "b": "2"} and run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, "loss")] == [(1, 2.0), (2, 1.0)]
+
+
+def test_parent_run_and_artifacts(tmp_path):
+    config = tiny_config(tmp_path)
+    with Tracker(config, "parent") as parent:
+        pass
+    note = tmp_path / "note.txt"
+    note.write_text("hello")
+    with Tracker(config, "child", parent_run_id=parent.run_id) as child:
+        child.log_artifact(note, "notes")
+        note.unlink()  # queued artifacts are copied: deleting the original is fine
+        child.log_dict({"x": 1}, "result.json")
+        child.set_tags({"k": "v"})
+    client = MlflowClient(default_tracking_uri(config))
+    run = client.get_run(child.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == parent.run_id and run.data.tags["k"] == "v"
+    assert {a.path for a in client.list_artifacts(child.run_id)} == {"notes", "result.json"}
+
+
+def test_buffered_records_catch_up_after_an_outage(tmp_path, caplog):
+    # The store's directory is blocked by a plain file: SQLite cannot open the
+    # database, exactly as when a mounted volume is missing. Then it comes back.
+    blocked = tmp_path / "tracking"
+    blocked.write_text("not a directory")
+    config = tiny_config(tmp_path, **{"tracking.uri": f"sqlite:///{blocked}/mlflow.db"})
+    tracker = Tracker(config, "outage", flush_interval_s=0.2, connect_timeout_s=5)
+    assert tracker.run_id is None
+    for step in range(1, 6):
+        tracker.log_metrics({"loss": 1.0 / step}, step=step)
+    tracker.log_params({"lr": 0.1})
+    assert not tracker.flush(timeout=1.0)
+    assert "unavailable" in caplog.text
+
+    blocked.unlink()
+    blocked.mkdir()
+    assert tracker.flush(timeout=60)
+    assert tracker.run_id is not None
+    tracker.close()
+    assert "reachable again" in caplog.text
+    client = MlflowClient(config.tracking.uri)
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "loss")] == [1, 2, 3, 4, 5]
+    assert client.get_run(tracker.run_id).data.params == {"lr": "0.1"}
+
+
+def test_disabled_tracker_does_nothing(tmp_path):
+    config = tiny_config(tmp_path)
+    with Tracker(config, "off", enabled=False) as t:
+        t.log_metrics({"loss": 1.0}, step=1)
+        t.log_params({"a": 1})
+        assert t.flush(timeout=0.1)
+    assert t.run_id is None and not (tmp_path / "mlflow.db").exists()

@@ -1,0 +1,183 @@
+"""The trainer in-process on CPU: results, checkpoints, MLflow, resume, failures."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+import torch
+from mlflow import MlflowClient
+from safetensors.torch import load_file
+
+from gpt2 import checkpoint, storage
+from gpt2.memory import cpu_limit
+from gpt2.model import GPT
+from gpt2.session import TrainingError
+from gpt2.tracking import default_tracking_uri
+from gpt2.train import train
+from tests.gpt2.train_fixtures import tiny_config, write_dataset
+
+
+def weights(url: str) -> dict[str, torch.Tensor]:
+    # Cloned: load_file may map the file, and tests rewrite checkpoint files.
+    return {k: v.clone() for k, v in load_file(storage.local_path(storage.join(url, "model.safetensors"))).items()}
+
+
+def assert_same_weights(a: str, b: str) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One uninterrupted 8-step run; tests copy its root before changing it."""
+    root = tmp_path_factory.mktemp("finished")
+    config = tiny_config(root)
+    write_dataset(config)
+    return root, train(config)
+
+
+def copy_root(finished, tmp_path):
+    src, _ = finished
+    dst = tmp_path / "root"
+    shutil.copytree(src, dst)
+    return tiny_config(dst)
+
+
+def test_run_reports_checkpoints_and_learns(finished):
+    root, result = finished
+    config = tiny_config(root)
+    assert result.steps == 8 and result.resumed_from_step == 0 and result.world_size == 1
+    assert result.checkpoint == checkpoint.checkpoint_url(checkpoint.run_dir_url(config), 8)
+    assert result.run_name == checkpoint.run_name(config)
+    # keep_checkpoints=3 of the four written (every 2 steps)
+    assert [u.rsplit("/", 1)[1] for u in checkpoint.complete_checkpoints(config)] == [
+        "step_000008", "step_000006", "step_000004"]
+    state = storage.read_json(storage.join(result.checkpoint, "state.json"))
+    assert state["step"] == 8 and state["config"] == config.model_dump(mode="json")
+    assert state["train_fingerprint"] == checkpoint.train_fingerprint(config)
+    assert state["val_loss"] == result.final_val_loss and state["mlflow_run_id"] == result.mlflow_run_id
+    assert state["loader"] == {"shard": 0, "offset": 8 * 256, "epoch": 0}
+    history = state["history"]["train"]
+    assert history[-1][1] < history[0][1] - 0.2  # the synthetic phrases are learnable
+    assert result.tokens_per_second > 0
+
+
+def test_mlflow_run_has_params_metrics_and_artifacts(finished):
+    root, result = finished
+    config = tiny_config(root)
+    client = MlflowClient(default_tracking_uri(config))
+    run = client.get_run(result.mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.lr"] == "0.003" and run.data.params["model.n_layer"] == "2"
+    assert run.data.tags["stage"] == "train"
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in losses] == list(range(1, 9))
+    val = client.get_metric_history(run.info.run_id, "val/loss")
+    assert [m.step for m in val] == [4, 8] and val[-1].value == result.final_val_loss
+    assert {"train/lr", "train/grad_norm", "perf/tokens_per_second"} <= set(run.data.metrics)
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.json", "loss_curve.png", "samples"} <= names
+    assert run.info.artifact_uri.startswith(storage.normalize_url(str(root)))
+
+
+def test_rerun_of_a_finished_run_changes_nothing(finished, tmp_path):
+    config = copy_root(finished, tmp_path)
+    _, first = finished
+    again = train(config)
+    assert again.resumed_from_step == 8 and again.steps == 8
+    assert again.final_val_loss == first.final_val_loss and again.mlflow_run_id == first.mlflow_run_id
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_ends_identically(finished, tmp_path, caplog):
+    config = copy_root(finished, tmp_path)
+    _, first = finished
+    latest = checkpoint.latest_checkpoint(config)
+    expected = weights(latest)
+    path = storage.local_path(storage.join(latest, "model.safetensors"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    path.write_bytes(bytes(data))
+    result = train(config)
+    assert "falling back" in caplog.text
+    assert result.resumed_from_step == 6 and result.steps == 8
+    assert result.final_val_loss == first.final_val_loss
+    got = weights(result.checkpoint)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_fresh_starts_over_with_a_new_mlflow_run(finished, tmp_path):
+    config = copy_root(finished, tmp_path)
+    _, first = finished
+    result = train(config, fresh=True)
+    assert result.resumed_from_step == 0 and result.steps == 8
+    assert result.mlflow_run_id != first.mlflow_run_id
+    assert result.final_val_loss == first.final_val_loss  # same seed, same data: same run
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # An absurd learning rate: after one update the weights are ~1e30 and the
+    # next forward pass overflows float32.
+    config = tiny_config(tmp_path, **{"train.lr": 1e30, "train.warmup_steps": 0, "train.checkpoint_every": 1,
+                                      "train.grad_clip": 0.0})
+    write_dataset(config)
+    with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step 2 of 8") as err:
+        train(config)
+    assert "step_000001" in str(err.value)
+    assert checkpoint.latest_checkpoint(config).endswith("step_000001")
+
+
+def test_out_of_memory_mid_run_names_the_setting(tmp_path):
+    config = tiny_config(tmp_path, **{"runtime.memory_limit_mb": 60, "train.micro_batch_size": 8})
+    write_dataset(config)
+    with pytest.raises(TrainingError, match=r"train\.micro_batch_size") as err:
+        train(config)
+    assert "step 1" in str(err.value) and "runtime.memory_limit_mb=60" in str(err.value)
+    assert checkpoint.latest_checkpoint(config) is None
+
+
+def _fits(config, batch: int) -> bool:
+    torch.manual_seed(0)
+    model = GPT(config.model)
+    x = torch.randint(0, 50257, (batch, config.model.block_size))
+    try:
+        with cpu_limit(model, torch.device("cpu"), config.runtime.memory_limit_mb):
+            _, loss = model(x, x)
+        loss.backward()
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
+def test_auto_micro_batch_picks_the_largest_size_that_fits(tmp_path):
+    config = tiny_config(tmp_path, **{"runtime.memory_limit_mb": 60, "train.micro_batch_size": "auto",
+                                      "train.max_steps": 2, "train.checkpoint_every": 2})
+    write_dataset(config)
+    result = train(config)
+    chosen = result.micro_batch_size
+    assert 1 <= chosen < 8 and 8 % chosen == 0
+    assert _fits(config, chosen) and not _fits(config, 2 * chosen)
+    assert result.steps == 2  # and training ran with it under the same limit
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tracking_outage_does_not_stop_training(tmp_path, monkeypatch, caplog):
+    # Nothing listens on the port: every MLflow request fails. No client-side
+    # retries, so the test measures our handling rather than urllib3's backoff.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    config = tiny_config(tmp_path, **{"tracking.uri": f"http://127.0.0.1:{_closed_port()}", "train.max_steps": 4})
+    write_dataset(config)
+    result = train(config)
+    assert result.steps == 4 and result.final_val_loss is not None
+    assert checkpoint.latest_checkpoint(config).endswith("step_000004")
+    assert result.mlflow_run_id is None
+    assert "unavailable" in caplog.text and "not sent" in caplog.text

@@ -1,0 +1,154 @@
+"""The trainer as a real process: SIGKILL/SIGTERM and resume, DDP with gloo.
+
+Every run here is a subprocess (`python -m gpt2.train`, or torchrun), so the
+kills are real and the reference run has the same threading as the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2 import checkpoint, storage
+from gpt2.train import PREEMPTED_EXIT_CODE, train
+from tests.gpt2.test_train import weights
+from tests.gpt2.train_fixtures import tiny_config, write_dataset, write_run_json
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def launch(config, tmp: Path, torchrun: int = 0) -> subprocess.Popen:
+    run_json = write_run_json(config, tmp / f"run-{time.monotonic_ns()}.json")
+    args = ["-m", "gpt2.train", "--config", str(run_json), "--result", str(tmp / "result.json")]
+    if torchrun:
+        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"] + args
+    return subprocess.Popen([sys.executable, *args], cwd=REPO, env=_env(), stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(proc: subprocess.Popen, needle: str, lines: list[str]) -> None:
+    """Read stderr until a line contains `needle` (or the process ends)."""
+    for line in proc.stderr:
+        lines.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"process ended before logging {needle!r}:\n{''.join(lines[-30:])}")
+
+
+def finish(proc: subprocess.Popen, lines: list[str], timeout: float = 240) -> int:
+    out = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    out.start()
+    code = proc.wait(timeout=timeout)
+    out.join(5)
+    return code
+
+
+def run_to_end(config, tmp: Path, torchrun: int = 0) -> dict:
+    proc, lines = launch(config, tmp, torchrun), []
+    code = finish(proc, lines)
+    assert code == 0, "".join(lines[-40:])
+    return json.loads((tmp / "result.json").read_text())
+
+
+def kill_mid_checkpoint(proc: subprocess.Popen, run_dir: str, timeout: float = 120) -> str:
+    """SIGKILL while a checkpoint directory exists without its COMPLETE marker."""
+    base = storage.local_path(storage.join(run_dir, "checkpoints"))
+    deadline = time.monotonic() + timeout
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    while time.monotonic() < deadline and proc.poll() is None:
+        for d in base.glob("step_*") if base.exists() else []:
+            if not (d / checkpoint.MARKER).exists():
+                proc.kill()
+                proc.wait()
+                return d.name
+        time.sleep(0.0005)
+    raise AssertionError("never saw a checkpoint being written")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 8-step run in its own process."""
+    tmp = tmp_path_factory.mktemp("reference")
+    config = tiny_config(tmp)
+    write_dataset(config)
+    result = run_to_end(config, tmp)
+    return config, result
+
+
+def test_sigkill_at_arbitrary_points_then_rerun_ends_exactly_like_an_uninterrupted_run(reference, tmp_path):
+    ref_config, ref = reference
+    config = tiny_config(tmp_path)
+    write_dataset(config)
+    run_dir = checkpoint.run_dir_url(config)
+
+    proc, lines = launch(config, tmp_path), []
+    wait_for(proc, "step 3/8", lines)  # between checkpoints
+    proc.kill()
+    proc.wait()
+    assert checkpoint.latest_checkpoint(config).endswith("step_000002")
+
+    torn = kill_mid_checkpoint(launch(config, tmp_path), run_dir)  # in the middle of writing one
+    assert torn not in (checkpoint.latest_checkpoint(config) or "")
+
+    result = run_to_end(config, tmp_path)
+    assert result["resumed_from_step"] >= 2 and result["steps"] == 8
+    assert result["final_val_loss"] == ref["final_val_loss"]
+    assert result["final_train_loss"] == ref["final_train_loss"]
+    ours, theirs = weights(result["checkpoint"]), weights(ref["checkpoint"])
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    # The optimizer state too: the run can keep going identically.
+    a = storage.read_json(storage.join(result["checkpoint"], checkpoint.MARKER))["files"]
+    b = storage.read_json(storage.join(ref["checkpoint"], checkpoint.MARKER))["files"]
+    assert a["optimizer.pt"]["sha256"] == b["optimizer.pt"]["sha256"]
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_nonzero(reference, tmp_path):
+    _, ref = reference
+    config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})  # only SIGTERM and the end write one
+    write_dataset(config)
+    proc, lines = launch(config, tmp_path), []
+    wait_for(proc, "step 3/8", lines)
+    proc.send_signal(signal.SIGTERM)
+    code = finish(proc, lines)
+    assert code == PREEMPTED_EXIT_CODE, "".join(lines[-20:])
+    latest = checkpoint.latest_checkpoint(config)
+    stopped_at = storage.read_json(storage.join(latest, "state.json"))["step"]
+    assert 3 <= stopped_at < 8 and latest.endswith(f"step_{stopped_at:06d}")
+    assert any("SIGTERM" in line for line in lines)
+
+
+def test_ddp_two_gloo_processes_match_one_process_with_accumulation(reference, tmp_path):
+    _, ref = reference
+    config = tiny_config(tmp_path)  # 8 sequences/step: 2 ranks x 1 micro-batch of 4 vs 1 x 2 x 4
+    write_dataset(config)
+    result = run_to_end(config, tmp_path, torchrun=2)
+    assert result["world_size"] == 2 and result["steps"] == 8
+    assert result["final_val_loss"] == pytest.approx(ref["final_val_loss"], abs=1e-4)
+    ours, theirs = weights(result["checkpoint"]), weights(ref["checkpoint"])
+    for k in theirs:
+        torch.testing.assert_close(ours[k], theirs[k], rtol=1e-3, atol=1e-4)
+
+    # Resume the 2-process run's step-4 checkpoint in one process: same global
+    # batches, so it lands where the uninterrupted single-process run did.
+    for url in checkpoint.complete_checkpoints(config):
+        if not url.endswith("step_000004"):
+            shutil.rmtree(storage.local_path(url))
+    resumed = train(config)
+    assert resumed.resumed_from_step == 4 and resumed.world_size == 1
+    assert resumed.final_val_loss == pytest.approx(ref["final_val_loss"], abs=1e-4)
+    ours = weights(resumed.checkpoint)
+    for k in theirs:
+        torch.testing.assert_close(ours[k], theirs[k], rtol=1e-3, atol=1e-4)

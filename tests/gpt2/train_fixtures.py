@@ -1,0 +1,74 @@
+"""A tiny training setup for tests: a small config and synthetic llm.c shards
+with a manifest, written where the data stage would put them."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gpt2 import storage
+from gpt2.config import Config
+from gpt2.data.manifest import Manifest, ShardEntry, data_dir_url, manifest_url
+from gpt2.data.shards import write_shard
+from gpt2.identity import data_fingerprint
+from gpt2.overrides import resolve_config
+
+TINY = {
+    "data.name": "synthetic",
+    "data.source": "synthetic",
+    "model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+    "train.total_batch_tokens": 256, "train.micro_batch_size": 4,
+    "train.max_steps": 8, "train.warmup_steps": 2, "train.lr": 3e-3, "train.min_lr_ratio": 0.1,
+    "train.eval_every": 4, "train.val_steps": 2, "train.sample_every": 8,
+    "train.checkpoint_every": 2, "train.keep_checkpoints": 3,
+    "runtime.device": "cpu",
+}
+
+
+def tiny_config(root: str | Path, **overrides) -> Config:
+    """The tiny config with its artifact root at `root` (a local scratch
+    directory gets `root/work` as the work dir)."""
+    values = dict(TINY)
+    if isinstance(root, Path):
+        values["runtime.work_dir"] = str(root / "work")
+    values.update(overrides)
+    return resolve_config("smoke", values, root=str(root))
+
+
+def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
+    # Repeated short "sentences" over a small vocabulary: learnable, so the
+    # loss falls, and documents start with end-of-text like real shards.
+    phrases = rng.integers(0, 2000, size=(64, 12))
+    out = []
+    while sum(map(len, out)) < n:
+        out.append(np.array([50256]))
+        out.extend(phrases[rng.integers(0, 64, size=rng.integers(3, 10))])
+    return np.concatenate(out)[:n].astype(np.uint16)
+
+
+def write_dataset(config: Config, train_shards: int = 2, shard_tokens: int = 4096,
+                  val_tokens: int = 1024, seed: int = 0) -> str:
+    """Write shards + manifest.json for `config`; returns the manifest URL."""
+    rng = np.random.default_rng(seed)
+    directory = data_dir_url(config)
+    entries = []
+    plan = [("val", val_tokens)] + [("train", shard_tokens)] * train_shards
+    for i, (split, n) in enumerate(plan):
+        buf = io.BytesIO()
+        sha = write_shard(buf, _tokens(rng, n))
+        name = f"{config.data.name}_{split}_{i:06d}.bin"
+        storage.write_bytes_atomic(storage.join(directory, name), buf.getvalue())
+        entries.append(ShardEntry(path=name, split=split, tokens=n, bytes=len(buf.getvalue()), sha256=sha))
+    manifest = Manifest(name=f"{config.data.name}-{data_fingerprint(config)[:12]}", fingerprint=data_fingerprint(config),
+                        tokenizer={"name": "gpt2"}, source={"kind": "synthetic", "seed": seed},
+                        data_config=config.data.model_dump(mode="json"), shards=entries)
+    storage.write_json_atomic(manifest_url(config), manifest.model_dump(mode="json"))
+    return manifest_url(config)
+
+
+def write_run_json(config: Config, path: Path) -> Path:
+    path.write_text(json.dumps(config.model_dump(mode="json")))
+    return path
