@@ -145,7 +145,7 @@ def _write(directory: Path, index: int, tokens: np.ndarray) -> None:
 
 def run_baseline(corpus: Path, tmp: Path, workers: int) -> dict:
     out = tmp / "baseline"
-    out.mkdir()
+    out.mkdir(parents=True)
     t0, first, total = time.perf_counter(), None, 0
     # The default start method, as fineweb.py uses (fork on Linux).
     with mp.Pool(workers, initializer=_init_baseline) as pool:
@@ -173,12 +173,15 @@ def _timing(t0: float, first: tuple[float, int], end: float, total: int) -> dict
             "rate": (total - tokens_first) / (end - t_first), "e2e_rate": total / (end - t0)}
 
 
-# --- (c) the limit ------------------------------------------------------------
+# --- (c) the limit -------------------------------------------------------------
+
+
+def _texts(corpus: Path) -> list[str]:
+    return [doc["text"] for doc in read_texts(corpus)]
 
 
 def run_limit(corpus: Path, workers: int) -> dict:
-    enc = get_encoding()
-    texts = [doc["text"] for doc in read_texts(corpus)]
+    enc, texts = get_encoding(), _texts(corpus)
     enc.encode_ordinary("warm up")  # the first call compiles the regex
     t0 = time.perf_counter()
     total = sum(len(enc.encode_ordinary(t)) for t in texts) + len(texts)  # + one EOT each
@@ -186,7 +189,67 @@ def run_limit(corpus: Path, workers: int) -> dict:
     return {"tokens": total, "one_core": one_core, "rate": workers * one_core, "docs": len(texts)}
 
 
+def _encode_slice(corpus: Path, index: int, workers: int, barrier) -> None:
+    enc, texts = get_encoding(), _texts(corpus)[index::workers]
+    enc.encode_ordinary("warm up")
+    barrier.wait()  # everyone loaded: from here on only encoding is timed
+    for text in texts:
+        enc.encode_ordinary(text)
+    barrier.wait()  # done: process teardown stays out of the timing
+
+
+def run_ceiling(corpus: Path, workers: int, tokens: int) -> float:
+    """What this machine really gives when `workers` processes do nothing but
+    encode (shared or throttled cores make it less than cores × one core)."""
+    barrier = mp.Barrier(workers + 1)
+    procs = [mp.Process(target=_encode_slice, args=(corpus, i, workers, barrier)) for i in range(workers)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    barrier.wait()
+    elapsed = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    return tokens / elapsed
+
+
 # --- report -------------------------------------------------------------------
+
+
+def measure(corpus: Path, tmp: Path, workers: int, repeat: int) -> tuple[dict, dict, dict]:
+    """Best of `repeat` interleaved rounds: on a shared machine other load only
+    ever slows a run down, so the fastest round is the least disturbed."""
+    runs = {"a": [], "b": [], "c": []}
+    for i in range(repeat):
+        c = run_limit(corpus, workers)
+        c["ceiling"] = run_ceiling(corpus, workers, c["tokens"])
+        runs["c"].append(c)
+        runs["a"].append(run_project(corpus, tmp / f"a{i}", workers))  # fresh dirs: no cache hits
+        runs["b"].append(run_baseline(corpus, tmp / f"b{i}", workers))
+        if repeat > 1:
+            print(f"round {i + 1}: " + "  ".join(f"{k} {r[-1]['rate']:,.0f}" for k, r in runs.items())
+                  + f"  ceiling {c['ceiling']:,.0f} tokens/s", flush=True)
+    c = max(runs["c"], key=lambda r: r["rate"])
+    c["ceiling"] = max(r["ceiling"] for r in runs["c"])
+    return max(runs["a"], key=lambda r: r["rate"]), max(runs["b"], key=lambda r: r["rate"]), c
+
+
+def report(a: dict, b: dict, c: dict, workers: int) -> None:
+    print(f"\n{workers} processes{'':18} {'tokens':>12} {'start-up s':>10} {'total s':>8} {'tokens/s':>12}")
+    for label, r in (("(a) project prepare_data", a), ("(b) llm.c fineweb.py baseline", b)):
+        print(f"{label:32} {r['tokens']:12,} {r['startup_s']:10.2f} {r['total_s']:8.2f} {r['rate']:12,.0f}"
+              f"   (end to end {r['e2e_rate']:,.0f})")
+    print(f"{'(c) limit: cores × one core':32} {c['tokens']:12,} {'':10} {'':8} {c['rate']:12,.0f}"
+          f"   (one core {c['one_core']:,.0f})")
+    print(f"{'    measured parallel ceiling':32} {'':12} {'':10} {'':8} {c['ceiling']:12,.0f}"
+          f"   (only encoding, texts in memory)")
+    print(f"\nsteady state (start-up excluded): a/b = {a['rate'] / b['rate']:.2f} (target >= 1.2)"
+          f"   a/c = {a['rate'] / c['rate']:.2f} (target >= 0.9)   a/ceiling = {a['rate'] / c['ceiling']:.2f}")
+    print(f"end to end (start-up included):   a/b = {a['e2e_rate'] / b['e2e_rate']:.2f}"
+          f"   a/c = {a['e2e_rate'] / c['rate']:.2f}")
+    if not a["tokens"] == b["tokens"] == c["tokens"]:
+        raise SystemExit(f"token counts differ: a={a['tokens']:,} b={b['tokens']:,} c={c['tokens']:,}")
 
 
 def main() -> None:
@@ -194,32 +257,21 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=50, help="corpus size to build, in MB of JSONL")
     parser.add_argument("--corpus", type=Path, help="use this JSONL (a 'text' field per line) instead")
     parser.add_argument("--workers", type=int, default=0, help="processes for (a) and (b); 0: every core")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported")
     args = parser.parse_args()
     from gpt2.data.tokenize import default_workers
 
     workers = args.workers or default_workers()
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as name:
-        tmp = Path(name)
-        corpus = args.corpus
+        tmp, corpus = Path(name), args.corpus
         if corpus is None:
             corpus, t = tmp / "corpus.jsonl", time.perf_counter()
             build_corpus(corpus, args.mb)
-            print(f"built {corpus.stat().st_size / 1e6:.1f} MB corpus in {time.perf_counter() - t:.1f}s")
-        c = run_limit(corpus, workers)
-        print(f"corpus: {c['docs']:,} documents, {corpus.stat().st_size / 1e6:.1f} MB; {workers} processes")
-        a = run_project(corpus, tmp, workers)
-        b = run_baseline(corpus, tmp, workers)
-    print(f"\n{'':32} {'tokens':>12} {'start-up s':>10} {'total s':>8} {'tokens/s':>12}")
-    for label, r in (("(a) project prepare_data", a), ("(b) llm.c fineweb.py baseline", b)):
-        print(f"{label:32} {r['tokens']:12,} {r['startup_s']:10.2f} {r['total_s']:8.2f} {r['rate']:12,.0f}"
-              f"   (end to end {r['e2e_rate']:,.0f})")
-    print(f"{'(c) limit: cores × 1 core':32} {c['tokens']:12,} {'':10} {'':8} {c['rate']:12,.0f}"
-          f"   (one core {c['one_core']:,.0f})")
-    print(f"\na/b = {a['rate'] / b['rate']:.2f} (target ≥ 1.2)   a/c = {a['rate'] / c['rate']:.2f} (target ≥ 0.9)"
-          f"   [steady state, start-up excluded]")
-    print(f"end to end: a/b = {a['e2e_rate'] / b['e2e_rate']:.2f}   a/c = {a['e2e_rate'] / c['rate']:.2f}")
-    if not a["tokens"] == b["tokens"] == c["tokens"]:
-        raise SystemExit(f"token counts differ: a={a['tokens']:,} b={b['tokens']:,} c={c['tokens']:,}")
+            print(f"built the corpus in {time.perf_counter() - t:.1f}s")
+        docs = sum(1 for _ in open(corpus, "rb"))
+        print(f"corpus: {corpus.stat().st_size / 1e6:.1f} MB, {docs:,} documents", flush=True)
+        a, b, c = measure(corpus, tmp, workers, args.repeat)
+    report(a, b, c, workers)
 
 
 if __name__ == "__main__":

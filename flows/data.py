@@ -43,15 +43,17 @@ def run_data_stage(config: Config) -> dict[str, Any]:
     # Data already complete: plain cached calls. Otherwise check each step's
     # outputs and recompute a step whose cached result lost its files.
     check = (lambda _: True) if complete else None
-    src, c1 = run_cached(download, config, valid=check or prepare.source_ok)
-    tok, c2 = run_cached(tokenize, config, src, valid=check or prepare.tokenized_ok)
-    loc, c3 = run_cached(shard, config, tok, valid=check or prepare.local_shards_ok)
+    steps = {}
+    src, steps["download"] = run_cached(download, config, valid=check or prepare.source_ok)
+    tok, steps["tokenize"] = run_cached(tokenize, config, src, valid=check or prepare.tokenized_ok)
+    loc, steps["shard"] = run_cached(shard, config, tok, valid=check or prepare.local_shards_ok)
     if complete:
-        url, c4 = run_cached(upload, config, loc, src)
-    else:
-        url, c4 = bind(upload, config, refresh=True)(config, loc, src), False
+        url, steps["upload"] = run_cached(upload, config, loc, src)
+    else:  # the root lacks (part of) the result: upload again, whatever the cache says
+        url, steps["upload"] = bind(upload, config, refresh=True)(config, loc, src), False
     result = prepare.summarize(url).model_dump()
-    result["cached"] = all((c1, c2, c3, c4))
+    result["cached"] = all(steps.values())
+    result["cached_steps"] = sorted(k for k, v in steps.items() if v)
     _shard_table(url)
     return result
 
