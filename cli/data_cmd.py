@@ -24,9 +24,11 @@ def prepare(
     from gpt2.data.sources import SourceError
     from gpt2.storage import StorageError
 
-    overrides = dict(s.split("=", 1) for s in sets or [])
+    from gpt2.overrides import parse_assignments
+
+    overrides, _ = parse_assignments(sets or [])
     try:
-        result = data_flow(preset=preset, overrides=_typed(overrides), root=config.runtime.root)
+        result = data_flow(preset=preset, overrides=overrides, root=config.runtime.root)
     except (SourceError, EmptyCorpusError, ShardError, StorageError, FileNotFoundError) as err:
         fail(str(err))
     emit(
@@ -36,8 +38,3 @@ def prepare(
         f"{result['train_tokens']:,} train + {result['val_tokens']:,} val tokens\nmanifest: {result['manifest']}",
     )
 
-
-def _typed(overrides: dict[str, str]) -> dict:
-    from gpt2.overrides import parse_value
-
-    return {k.strip(): parse_value(v) for k, v in overrides.items()}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import config_cmd, data_cmd, eval_cmd, train_cmd
+from cli import config_cmd, data_cmd, eval_cmd, run_cmd, train_cmd
 
 app = typer.Typer(
     name="gpt2",
@@ -23,6 +23,7 @@ app.command("prepare")(data_cmd.prepare)
 app.command("train")(train_cmd.train)
 app.command("evaluate")(eval_cmd.evaluate)
 app.command("export")(eval_cmd.export)
+app.command("run")(run_cmd.run)
 
 
 def main() -> None:

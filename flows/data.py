@@ -15,13 +15,17 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
 
+from flows.stages import publish_result
 from gpt2 import storage
 from gpt2.config import Config
 from gpt2.data import prepare
 from gpt2.data.manifest import load_manifest, manifest_url
 from gpt2.data.shards import ShardError
+from gpt2.identity import data_fingerprint
 from gpt2.overrides import resolve_config
+from gpt2.tracking import Tracker
 from tasks.common import bind, run_cached
 from tasks.data import download, shard, tokenize, upload
 
@@ -67,12 +71,30 @@ def _shard_table(url: str) -> None:
     create_table_artifact(table=rows, key="data-shards", description=f"Shards of {manifest.name} at {url}")
 
 
+def track_data_stage(config: Config, result: dict[str, Any], parent_run_id: str | None) -> str | None:
+    """One MLflow run per data flow run: the data config, token counts, manifest."""
+    tags = {"stage": "data", "cached": str(result["cached"]).lower()}
+    if flow_run.id:
+        tags["prefect.flow_run_id"] = str(flow_run.id)
+    name = f"data-{config.data.name}-{data_fingerprint(config)[:12]}"
+    with Tracker(config, name, parent_run_id=parent_run_id, tags=tags) as tracker:
+        tracker.log_params({"data": config.data.model_dump(mode="json")})
+        tracker.log_metrics({f"data/{k}": result[k] for k in ("total_tokens", "train_tokens", "val_tokens",
+                                                              "shards", "documents")}, step=0)
+        tracker.log_dict(load_manifest(result["manifest"]).model_dump(mode="json"), "manifest.json")
+        return tracker.run_id
+
+
 @flow(name="gpt2-data", log_prints=False)
-def data_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, root: str | None = None) -> dict[str, Any]:
+def data_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, root: str | None = None,
+              parent_run_id: str | None = None) -> dict[str, Any]:
     """Prepare llm.c shards for a preset plus dotted-key overrides."""
     config = resolve_config(preset, overrides or {}, root=root)
     get_run_logger().info("data stage: source %s -> %s", config.data.source, manifest_url(config))
-    return run_data_stage(config)
+    result = run_data_stage(config)
+    result["mlflow_run_id"] = track_data_stage(config, result, parent_run_id)
+    publish_result(config, result)
+    return result
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.stages import publish_result
 from gpt2 import storage
 from gpt2.checkpoint_ref import resolve_checkpoint
 from gpt2.config import Config
@@ -44,7 +45,9 @@ def eval_flow(
 ) -> dict[str, Any]:
     """HellaSwag (lm-eval, checked against the native scorer) of a checkpoint."""
     config = resolve_config(preset, overrides or {}, root=root)
-    return run_eval_stage(config, checkpoint, parent_run_id)
+    result = run_eval_stage(config, checkpoint, parent_run_id)
+    publish_result(config, result)
+    return result
 
 
 def main() -> None:

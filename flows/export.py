@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.stages import publish_result
 from gpt2 import storage
 from gpt2.checkpoint_ref import resolve_checkpoint
 from gpt2.config import Config
@@ -49,7 +50,9 @@ def export_flow(
 ) -> dict[str, Any]:
     """HF + llm.c export of a checkpoint, the HF model registered in MLflow."""
     config = resolve_config(preset, overrides or {}, root=root)
-    return run_export_stage(config, checkpoint, parent_run_id)
+    result = run_export_stage(config, checkpoint, parent_run_id)
+    publish_result(config, result)
+    return result
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from gpt2.config import Config
 from gpt2.data.loader import ShardSource, TrainLoader, default_work_dir, val_batches
 from gpt2.data.manifest import load_manifest, manifest_url
 from gpt2.distributed import DistEnv, amp_dtype, barrier
+from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
 from gpt2.optim import make_optimizer
 from gpt2.steps import Batch, StepContext, find_micro_batch
@@ -59,20 +60,20 @@ def check_batch_shape(config: Config, world_size: int) -> int:
 
 def resume_from(run_dir: str, env: DistEnv, fresh: bool) -> checkpoint.Checkpoint | None:
     """Rank 0 picks (and on --fresh clears) the checkpoint; every rank loads it."""
-    url = None
+    ckpt = None
     if env.is_main:
         if fresh:
             log.info("--fresh: deleting the checkpoints of %s", run_dir)
             checkpoint.clear_run(run_dir)
         ckpt = checkpoint.resume_checkpoint(run_dir)
-        url = ckpt.url if ckpt else None
     if env.is_distributed:
-        box = [url]
+        box = [ckpt.url if ckpt else None]
         dist.broadcast_object_list(box, src=0)
-        url = box[0]
-        if not env.is_main:
-            return checkpoint.load_checkpoint(url) if url else None
-    return ckpt if env.is_main else None
+        if not env.is_main and box[0]:
+            ckpt = checkpoint.load_checkpoint(box[0])
+    if ckpt:
+        log.info("resuming from %s (step %d)", ckpt.url, ckpt.step)
+    return ckpt
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:
@@ -118,6 +119,9 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     manifest = load_manifest(url)
     seqs_per_rank = check_batch_shape(config, env.world_size)
     ckpt = resume_from(checkpoint.run_dir_url(config), env, fresh)
+    if ckpt and ckpt.state.get("train_fingerprint", train_fingerprint(config)) != train_fingerprint(config):
+        raise TrainingError(f"checkpoint {ckpt.url} belongs to another training identity; "
+                            "its directory was copied or renamed by hand")
     memory.set_cuda_limit(env.device, config.runtime.memory_limit_mb)
 
     torch.manual_seed(config.train.seed)  # weights init is the same on every device

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -113,8 +114,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _rank() -> int:
-    import os
-
     return int(os.environ.get("RANK", 0))
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import time
-
 from mlflow import MlflowClient
 
 from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, flatten, metric_name

@@ -1,0 +1,122 @@
+"""Background services for `gpt2 stack`: start detached, record, check, stop.
+
+Each service runs in its own session (process group) so that stopping it also
+stops what it spawned (uvicorn workers, flow-run processes) and nothing else.
+A record keeps the pid with the process's start time, so a pid the system
+reused for something else is never signalled.
+
+    rec = start("mlflow", ["mlflow", "server", ...], env, cwd, log_dir)
+    wait_http(rec, "http://127.0.0.1:5000/health", timeout=90)
+    stop(rec)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+class ServiceError(RuntimeError):
+    """A service did not come up; the message ends with its log's tail."""
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(name: str, cmd: list[str], env: dict[str, str], cwd: Path, log_dir: Path) -> dict[str, Any]:
+    """Start `cmd` detached (new session, stdin closed, output to `<log_dir>/<name>.log`)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return {"name": name, "pid": proc.pid, "started": psutil.Process(proc.pid).create_time(),
+            "cmd": cmd, "log": str(log)}
+
+
+def _process(rec: dict[str, Any]) -> psutil.Process | None:
+    """The recorded process if it is still the same one and not a zombie."""
+    try:
+        proc = psutil.Process(rec["pid"])
+        if abs(proc.create_time() - rec["started"]) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except psutil.NoSuchProcess:
+        return None
+
+
+def alive(rec: dict[str, Any]) -> bool:
+    return _process(rec) is not None
+
+
+def _tree(leader: psutil.Process) -> list[psutil.Process]:
+    """The leader, its descendants (a worker's flow-run processes may start
+    sessions of their own) and its process group's other members (orphans)."""
+    found = {p.pid: p for p in [leader, *leader.children(recursive=True)]}
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid not in found and os.getpgid(proc.pid) == leader.pid:
+                found[proc.pid] = proc
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return list(found.values())
+
+
+def _signal(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def stop(rec: dict[str, Any], timeout: float = 20.0) -> None:
+    """SIGTERM the service and everything it started, SIGKILL what is left after `timeout`."""
+    leader = _process(rec)
+    if leader is None:
+        return
+    procs = _tree(leader)
+    _signal(procs, signal.SIGTERM)
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    _signal(left, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=5)
+
+
+def http_ok(url: str, timeout: float = 3.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except OSError:
+        return False
+
+
+def log_tail(rec: dict[str, Any], lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(rec["log"]).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_http(rec: dict[str, Any], url: str, timeout: float) -> None:
+    """Wait until `url` answers 2xx; raise ServiceError if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if http_ok(url):
+            return
+        if not alive(rec):
+            raise ServiceError(f"{rec['name']} exited during start-up; {rec['log']}:\n{log_tail(rec)}")
+        time.sleep(0.5)
+    raise ServiceError(f"{rec['name']} did not answer {url} within {timeout:.0f} s; "
+                       f"{rec['log']}:\n{log_tail(rec)}")

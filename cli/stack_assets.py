@@ -1,0 +1,70 @@
+"""What `prefect.yaml` and `deployments/` hold, loaded for the stack and the tests.
+
+    pool_template("process-gpu")          # a base job template (dict)
+    automations(max_reschedules=5)        # the automations, with the reschedule cap applied
+    deployments()                         # prefect.yaml's deployments, anchors resolved
+
+The files are the source of truth (users apply them with `prefect` commands
+too); this module only reads them and applies the reschedule cap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+DEPLOYMENTS_DIR = PROJECT_DIR / "deployments"
+PREFECT_YAML = PROJECT_DIR / "prefect.yaml"
+
+# Work pool name -> base job template the local stack creates it with.
+LOCAL_POOLS = {"cpu": "process-cpu", "gpu": "process-gpu"}
+# The flow-run heartbeat period (s) on GPU pools; PREFECT_RUNNER_HEARTBEAT_FREQUENCY
+# is its legacy name. deployments/automations/zombie-runs.yaml assumes 30.
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+GPU_HEARTBEAT_S = 30
+# The pull step in prefect.yaml moves each flow run into this directory.
+PROJECT_DIR_ENV = "GPT2_PROJECT_DIR"
+RESCHEDULE_AUTOMATION = "gpt2-reschedule-preempted"
+DEFAULT_MAX_RESCHEDULES = 3
+
+
+def pool_template(name: str) -> dict[str, Any]:
+    return json.loads((DEPLOYMENTS_DIR / "pools" / f"{name}.json").read_text())
+
+
+def _automation_files() -> list[Path]:
+    return sorted((DEPLOYMENTS_DIR / "automations").glob("*.yaml"))
+
+
+def run_counts(max_reschedules: int) -> list[str]:
+    """The `prefect.run-count` values whose crash is rescheduled: 1..N."""
+    if max_reschedules < 0:
+        raise ValueError("max_reschedules must be >= 0")
+    return [str(n) for n in range(1, max_reschedules + 1)]
+
+
+def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES) -> list[dict[str, Any]]:
+    """Every automation under deployments/automations/, the reschedule one capped at
+    `max_reschedules` (0 disables it: no run count matches)."""
+    found = []
+    for path in _automation_files():
+        spec = yaml.safe_load(path.read_text())
+        if spec["name"] == RESCHEDULE_AUTOMATION:
+            counts = run_counts(max_reschedules)
+            spec["trigger"]["match"]["prefect.run-count"] = counts
+            spec["enabled"] = bool(counts)
+        found.append(spec)
+    return found
+
+
+def deployments() -> list[dict[str, Any]]:
+    """prefect.yaml's deployments with YAML anchors and merge keys resolved."""
+    return yaml.safe_load(PREFECT_YAML.read_text())["deployments"]
+
+
+def pull_steps() -> list[dict[str, Any]]:
+    return yaml.safe_load(PREFECT_YAML.read_text())["pull"]

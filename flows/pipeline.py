@@ -1,0 +1,116 @@
+"""Parent flow `gpt2` (deployment `gpt2/full-pipeline`): prepare → train →
+evaluate → export, with a parent MLflow run and a child run per stage.
+
+    prefect deployment run gpt2/full-pipeline -p preset=smoke    # on the work pools
+    gpt2 run --preset smoke                                      # in this process
+
+Run from a deployment, each stage runs as its own deployment on the pool that
+fits its hardware (data and export on `cpu`, train and evaluate on `gpu`), so
+the GPU machine only trains and evaluates. Run locally, the stage flows run
+in-process as subflows. Either way every stage is cached, so a rerun only
+does what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.runtime import deployment, flow_run
+
+from flows.data import data_flow
+from flows.evaluate import eval_flow
+from flows.export import export_flow
+from flows.stages import run_stage_deployment
+from flows.train import train_flow
+from gpt2 import storage
+from gpt2.config import Config
+from gpt2.overrides import resolve_config
+from gpt2.tracking import Tracker
+
+STAGES = ("data", "train", "evaluate", "export")
+
+
+def _parent_record(config: Config) -> str | None:
+    if not flow_run.id:
+        return None
+    root = storage.normalize_url(config.runtime.root)
+    return storage.join(root, "pipeline", "parents", f"{flow_run.id}.json")
+
+
+def parent_tracker(config: Config, preset: str) -> Tracker:
+    """The pipeline's MLflow run; a retried or rescheduled parent flow run
+    reopens the run it created before instead of starting a second one."""
+    record = _parent_record(config)
+    run_id = storage.read_json(record)["mlflow_run_id"] if record and storage.exists(record) else None
+    tags = {"stage": "pipeline", "preset": preset}
+    if flow_run.id:
+        tags["prefect.flow_run_id"] = str(flow_run.id)
+    tracker = Tracker(config, f"pipeline-{preset}-{flow_run.name or 'local'}", run_id=run_id, tags=tags)
+    if record and tracker.run_id and run_id is None:
+        storage.write_json_atomic(record, {"mlflow_run_id": tracker.run_id})
+    return tracker
+
+
+def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id: str | None) -> dict[str, Any]:
+    if deployment.id:  # on the work pools: each stage as its own deployment
+        stage_params = {**params, "parent_run_id": parent_run_id}
+        return run_stage_deployment(stage, config, stage_params, parent_key=str(flow_run.id))
+    local = {"data": data_flow, "train": train_flow, "evaluate": eval_flow, "export": export_flow}[stage]
+    return local(**params, parent_run_id=parent_run_id)
+
+
+def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> dict[str, Any]:
+    train, evaluation, export = results["train"], results["evaluate"], results["export"]
+    return {
+        "mlflow_run_id": parent_run_id,
+        "manifest": results["data"]["manifest"],
+        "checkpoint": train.get("checkpoint"),
+        "final_val_loss": train.get("final_val_loss"),
+        "hellaswag": evaluation.get("hellaswag"),
+        "hf_dir": export.get("hf_dir"),
+        "llmc_bin": export.get("llmc_bin"),
+        "registered_model": export.get("registered_model"),
+        "model_version": export.get("model_version"),
+        "cached_stages": [s for s in STAGES if results[s].get("cached")],
+        "stage_mlflow_run_ids": {s: results[s].get("mlflow_run_id") for s in STAGES},
+    }
+
+
+@flow(name="gpt2", log_prints=False)
+def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole pipeline for a preset plus dotted-key overrides (e.g.
+    {"runtime.root": "gs://bucket/gpt2", "train.max_steps": 100})."""
+    overrides = dict(overrides or {})
+    config = resolve_config(preset, overrides)
+    logger = get_run_logger()
+    params = {"preset": preset, "overrides": overrides}
+    results: dict[str, dict[str, Any]] = {}
+    with parent_tracker(config, preset) as parent:
+        parent.log_params(config.model_dump(mode="json"))
+        for stage in STAGES:
+            logger.info("stage %s", stage)
+            results[stage] = _run_stage(stage, config, params, parent.run_id)
+        summary = summarize(results, parent.run_id)
+        metrics = {"final_val_loss": summary["final_val_loss"]}
+        metrics.update({f"hellaswag/{k}": v for k, v in (summary["hellaswag"] or {}).items()
+                        if isinstance(v, (int, float))})
+        parent.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=0)
+        parent.log_dict(summary, "pipeline.json")
+    return summary
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="smoke")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    print(json.dumps(pipeline_flow(args.preset, {}), default=str))
+
+
+if __name__ == "__main__":
+    main()

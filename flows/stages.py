@@ -1,0 +1,90 @@
+"""Running a stage from the parent flow: in-process, or as its own deployment
+on the work pool that fits its hardware.
+
+A stage deployment's run is started with an idempotency key derived from the
+parent flow run, so a retried or rescheduled parent re-attaches to the child
+it already started instead of renting a second GPU. `run_deployment` returns
+as soon as the child is Crashed, even when the reschedule-after-preemption
+automation is about to put it back to Scheduled: we keep re-reading the child
+through that window and only give up once it stays Crashed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.deployments import run_deployment
+from prefect.flow_runs import wait_for_flow_run
+
+from gpt2 import storage
+from gpt2.config import Config
+
+# Stage name -> deployment (prefect.yaml is the single source of these).
+DEPLOYMENTS = {
+    "data": "gpt2-data/data",
+    "train": "gpt2-train/train",
+    "evaluate": "gpt2-eval/evaluate",
+    "export": "gpt2-export/export",
+}
+RESCHEDULE_GRACE_S = 120.0
+"""How long a Crashed child may take to be rescheduled by the automation."""
+
+
+class StageFailed(RuntimeError):
+    """A stage's flow run ended Failed, Cancelled or Crashed for good."""
+
+
+def results_url(config: Config, flow_run_id: str) -> str:
+    """Where a stage flow run publishes its small JSON result for the parent:
+    under the artifact root, readable from any machine (a GPU worker's local
+    Prefect result storage is not)."""
+    return storage.join(storage.normalize_url(config.runtime.root), "pipeline", "stage-results", f"{flow_run_id}.json")
+
+
+def publish_result(config: Config, result: dict[str, Any]) -> None:
+    """Called at the end of each stage flow; a no-op outside a flow run."""
+    from prefect.runtime import flow_run
+
+    if flow_run.id:
+        storage.write_json_atomic(results_url(config, str(flow_run.id)), result)
+
+
+def _settled(run_id, grace_s: float) -> FlowRun:
+    """Wait for a final state that no automation is about to change."""
+    while True:
+        run = wait_for_flow_run(run_id, timeout=None, poll_interval=5)
+        if run.state is None or run.state.type != StateType.CRASHED:
+            return run
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            with get_client(sync_client=True) as client:
+                run = client.read_flow_run(run_id)
+            if run.state.type != StateType.CRASHED:
+                break
+        else:
+            return run
+        get_run_logger().warning("stage run %s was rescheduled after a crash (%s); waiting for it",
+                                 run.name, run.state.name)
+
+
+def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any], parent_key: str,
+                         grace_s: float = RESCHEDULE_GRACE_S) -> dict[str, Any]:
+    """Start (or re-attach to) a stage's deployment run and return its result."""
+    logger = get_run_logger()
+    child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
+                           idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
+    logger.info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
+    run = _settled(child.id, grace_s)
+    if run.state is None or run.state.type != StateType.COMPLETED:
+        state = run.state.name if run.state else "unknown"
+        message = run.state.message if run.state else ""
+        raise StageFailed(f"stage {stage} (flow run {run.name}) ended {state}: {message}")
+    url = results_url(config, str(run.id))
+    if not storage.exists(url):
+        raise StageFailed(f"stage {stage} (flow run {run.name}) completed but published no result at {url}")
+    return storage.read_json(url)
