@@ -23,6 +23,7 @@ app.command("prepare")(data_cmd.prepare)
 app.command("train")(train_cmd.train)
 app.command("evaluate")(eval_cmd.evaluate)
 app.command("export")(eval_cmd.export)
+app.add_typer(stack_cmd.app, name="stack")
 app.command("run")(run_cmd.run)
 
 

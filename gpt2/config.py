@@ -177,3 +177,16 @@ class Config(_Section):
     export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+
+    @model_validator(mode="after")
+    def _no_credentials_in_urls(self) -> "Config":
+        from gpt2.secrets import URL_FIELDS, url_has_credentials
+
+        bad = [f for f in URL_FIELDS if url_has_credentials(getattr(getattr(self, f.split(".")[0]), f.split(".")[1]))]
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)} must not embed credentials (they would be logged with the config); "
+                "pass them through the environment instead (MLFLOW_TRACKING_USERNAME/PASSWORD, "
+                "GOOGLE_APPLICATION_CREDENTIALS, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, HF_TOKEN)"
+            )
+        return self

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpt2.config import Config
 from gpt2.presets import PRESETS
+from gpt2.secrets import redact
 
 
 class ConfigError(ValueError):
@@ -100,8 +101,9 @@ def resolve_config(
         config = Config.model_validate(tree)
     except ValidationError as err:
         for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"])
-            problems.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
+            where = ".".join(str(p) for p in e["loc"]) or "config"
+            got = f" (got {e.get('input')!r})" if e["loc"] and not isinstance(e.get("input"), dict) else ""
+            problems.append(redact(f"{where}: {e['msg']}{got}"))
         config = None
     if problems:
         raise ConfigError(problems)

@@ -92,3 +92,23 @@ def test_parse_assignments_json_and_strings():
     values, problems = parse_assignments(["a.b=1", "c.d=true", "e.f=null", "g.h=text", "bad"])
     assert values == {"a.b": 1, "c.d": True, "e.f": None, "g.h": "text"}
     assert len(problems) == 1 and "bad" in problems[0]
+
+
+def test_credentials_in_urls_are_refused():
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", {"tracking.uri": "https://alice:s3cr3t@mlflow.example.com",
+                                 "data.source": "https://h/x.jsonl?token=abc"})
+    text = str(info.value)
+    assert "tracking.uri" in text and "data.source" in text
+    assert "s3cr3t" not in text and "abc" not in text
+    # A user name alone, or a plain bucket URL, is fine.
+    resolve_config("smoke", {"tracking.uri": "https://mlflow.example.com"}, root="gs://bucket/p")
+
+
+def test_redact_masks_passwords_and_tokens():
+    from gpt2.secrets import redact
+
+    text = "postgresql://u:pw123@db/x and hf_abcdefghijklmnopqrstuvwxyz0123 and AKIAABCDEFGHIJKLMNOP"
+    out = redact(text)
+    assert "pw123" not in out and "hf_abcdef" not in out and "AKIAABCD" not in out
+    assert "postgresql://u:***@db/x" in out

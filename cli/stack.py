@@ -1,0 +1,192 @@
+"""The local stack: a Prefect server, an MLflow server and one worker per pool,
+as background processes on free loopback ports.
+
+    gpt2 stack up        # start, configure (pools, automations, deployments), switch profile
+    gpt2 stack status    # health of each part
+    gpt2 stack down      # stop what `up` started, restore the previous profile
+
+State (stack.json, logs, the Prefect and MLflow SQLite databases) lives in
+$GPT2_STACK_DIR, default ~/.cache/gpt2-pipeline/stack; `down` keeps the
+databases, so the next `up` shows earlier runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from cli import processes, stack_assets, stack_prefect
+
+STATE_FILE = "stack.json"
+SERVER_START_S = 120  # ~11 s on an idle 2-core machine; far more while MLflow starts beside it
+MLFLOW_START_S = 120
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("GPT2_STACK_DIR") or Path.home() / ".cache" / "gpt2-pipeline" / "stack")
+
+
+def read_state(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((state_dir / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
+    tmp = state_dir / f"{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(state_dir / STATE_FILE)
+
+
+def default_root() -> str:
+    """Where the deployments write: the config's default root, resolved in the
+    project directory that prefect.yaml's pull step moves each flow run into."""
+    from gpt2.config import RuntimeConfig
+
+    root = RuntimeConfig().root
+    path = root[len("file://"):] if root.startswith("file://") else root
+    return "file://" + str((stack_assets.PROJECT_DIR / path).resolve()) if "://" not in path else root
+
+
+def _base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_PROFILE"}
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"  # no network; telemetry can lock SQLite
+    env["MLFLOW_ENABLE_TELEMETRY"] = "false"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
+    logs, bin_dir = state_dir / "logs", Path(sys.executable).parent
+    port, mport = processes.free_port(), processes.free_port()
+    state["prefect_ui_url"] = f"http://127.0.0.1:{port}"
+    state["prefect_api_url"] = f"http://127.0.0.1:{port}/api"
+    state["mlflow_url"] = f"http://127.0.0.1:{mport}"
+    server_env = {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}"}
+    state["processes"].append(processes.start(
+        "server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        server_env, state_dir, logs))
+    artifacts = state["root"] + "/mlflow-artifacts" if state["root"].startswith("file://") else str(state_dir / "mlflow-artifacts")
+    state["processes"].append(processes.start(
+        "mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mport), "--workers", "1",
+                   "--backend-store-uri", f"sqlite:///{state_dir / 'mlflow.db'}",
+                   "--serve-artifacts", "--artifacts-destination", artifacts],
+        env, state_dir, logs))
+
+
+def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
+    worker_env = {**env, "PREFECT_API_URL": state["prefect_api_url"], "MLFLOW_TRACKING_URI": state["mlflow_url"],
+                  stack_assets.PROJECT_DIR_ENV: str(stack_assets.PROJECT_DIR),
+                  "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
+    for pool in stack_assets.LOCAL_POOLS:
+        extra, limit = {}, []
+        if pool == "gpu":
+            # One accelerator: one run at a time; heartbeats for zombie detection.
+            extra, limit = {stack_assets.HEARTBEAT_ENV: str(stack_assets.GPU_HEARTBEAT_S)}, ["--limit", "1"]
+        cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+               "--name", f"gpt2-{pool}", *limit]
+        state["processes"].append(processes.start(f"worker-{pool}", cmd, {**worker_env, **extra},
+                                                  stack_assets.PROJECT_DIR, state_dir / "logs"))
+
+
+def _wait_pools_ready(api_url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s == "READY" for s in stack_prefect.pool_status(api_url).values()):
+            return
+        time.sleep(1)
+    raise processes.ServiceError(f"workers did not start polling within {timeout:.0f} s: "
+                                 f"{stack_prefect.pool_status(api_url)}")
+
+
+def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in state["processes"]}
+
+
+def up(state_dir: Path, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES,
+       say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Start the stack, or return the running one; stops a half-dead one first."""
+    existing = read_state(state_dir)
+    if existing and status(state_dir)["healthy"]:
+        say("the stack is already up")
+        return {**existing, "already_up": True}
+    if existing:
+        say("stopping the leftovers of an earlier stack")
+        down(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state: dict[str, Any] = {"root": default_root(), "project_dir": str(stack_assets.PROJECT_DIR),
+                             "state_dir": str(state_dir), "profile": stack_prefect.PROFILE,
+                             "previous_profile": stack_prefect.active_profile(), "processes": []}
+    try:
+        _up(state, state_dir, max_reschedules, say)
+    except BaseException:
+        _write_state(state_dir, state)
+        down(state_dir)
+        raise
+    return state
+
+
+def _up(state: dict[str, Any], state_dir: Path, max_reschedules: int, say: Callable[[str], None]) -> None:
+    env = _base_env()
+    say("starting the Prefect server and the MLflow server")
+    _start_servers(state, state_dir, env)
+    _write_state(state_dir, state)  # from here on, `down` can stop what was started
+    api, procs = state["prefect_api_url"], _procs(state)
+    processes.wait_http(procs["server"], f"{api}/health", SERVER_START_S)
+    say("creating work pools and automations")
+    stack_prefect.create_pools(api)
+    state["automations"] = stack_prefect.apply_automations(api, max_reschedules)
+    _start_workers(state, state_dir, env)
+    _write_state(state_dir, state)
+    say("deploying prefect.yaml")
+    stack_prefect.deploy_all(api, env, str(state_dir / "logs" / "deploy.log"))
+    processes.wait_http(procs["mlflow"], f"{state['mlflow_url']}/health", MLFLOW_START_S)
+    _wait_pools_ready(api, 60)
+    state["previous_profile"] = stack_prefect.use_profile(api)
+    _write_state(state_dir, state)
+
+
+def down(state_dir: Path) -> dict[str, Any]:
+    """Stop every recorded process (workers first) and restore the previous profile."""
+    state = read_state(state_dir)
+    if state is None:
+        return {"stopped": []}
+    stopped = []
+    for rec in sorted(state["processes"], key=lambda p: not p["name"].startswith("worker")):
+        if processes.alive(rec):
+            processes.stop(rec)
+            stopped.append(rec["name"])
+    if stack_prefect.active_profile() == stack_prefect.PROFILE:
+        stack_prefect.restore_profile(state.get("previous_profile"))
+    (state_dir / STATE_FILE).unlink()
+    return {"stopped": stopped, "profile": stack_prefect.active_profile()}
+
+
+def status(state_dir: Path) -> dict[str, Any]:
+    """Health of every part; `healthy` only if all are."""
+    state = read_state(state_dir)
+    if state is None:
+        return {"up": False, "healthy": False, "prefect_api_url": None, "mlflow_url": None,
+                "root": default_root(), "state_dir": str(state_dir), "parts": {}}
+    parts = {name: {"pid": rec["pid"], "alive": processes.alive(rec), "log": rec["log"]}
+             for name, rec in _procs(state).items()}
+    if "server" in parts:
+        parts["server"]["healthy"] = processes.http_ok(f"{state['prefect_api_url']}/health")
+    if "mlflow" in parts:
+        parts["mlflow"]["healthy"] = processes.http_ok(f"{state['mlflow_url']}/health")
+    pools = stack_prefect.pool_status(state["prefect_api_url"]) if parts.get("server", {}).get("healthy") else {}
+    for pool in stack_assets.LOCAL_POOLS:
+        if f"worker-{pool}" in parts:
+            part = parts[f"worker-{pool}"]
+            part["pool"], part["pool_status"] = pool, pools.get(pool)
+            part["healthy"] = part["alive"] and part["pool_status"] == "READY"
+    expected = {"server", "mlflow", *(f"worker-{p}" for p in stack_assets.LOCAL_POOLS)}
+    healthy = expected <= set(parts) and all(p["alive"] and p.get("healthy", True) for p in parts.values())
+    keys = ("prefect_api_url", "prefect_ui_url", "mlflow_url", "root", "state_dir", "profile", "automations")
+    return {"up": True, "healthy": healthy, **{k: state.get(k) for k in keys},
+            "active_profile": stack_prefect.active_profile(), "parts": parts}

@@ -1,0 +1,82 @@
+"""`gpt2 stack up|down|status`: the whole architecture on this machine: a real
+Prefect server, an MLflow server, and one process worker per work pool.
+
+    gpt2 stack up                              # then, in the same shell:
+    prefect deployment run gpt2/full-pipeline
+    gpt2 stack status --json                   # exit 1 unless every part is healthy
+    gpt2 stack down
+
+`up` switches the Prefect profile to `gpt2-local` so that `prefect` commands
+talk to this server (a PREFECT_API_URL set in the environment still wins);
+`down` switches back to the profile that was active before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.common import JsonOpt, emit, fail
+
+app = typer.Typer(help="A local Prefect server, MLflow server and workers (the cloud architecture, on loopback).",
+                  no_args_is_help=True)
+
+StateDirOpt = typer.Option(None, "--state-dir", help="Where state, logs and databases live "
+                           "(default $GPT2_STACK_DIR or ~/.cache/gpt2-pipeline/stack).")
+ReschedulesOpt = typer.Option(3, "--max-reschedules", min=0,
+                              help="How many times a crashed (preempted) GPU run is rescheduled; 0: never.")
+
+
+def _state_dir(path: Optional[Path]) -> Path:
+    from cli.stack import default_state_dir
+
+    return (path or default_state_dir()).expanduser().resolve()
+
+
+def _say(message: str) -> None:
+    typer.echo(message, err=True)  # progress on stderr keeps stdout for --json
+
+
+def up(state_dir: Optional[Path] = StateDirOpt, max_reschedules: int = ReschedulesOpt, as_json: bool = JsonOpt) -> None:
+    """Start the stack (or report the running one) and deploy prefect.yaml to it."""
+    from cli import stack
+    from cli.processes import ServiceError
+
+    try:
+        state = stack.up(_state_dir(state_dir), max_reschedules, say=_say)
+    except (ServiceError, RuntimeError) as err:
+        fail(str(err))
+    result = stack.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
+    emit(result, as_json, "\n".join([
+        f"Prefect UI:  {result['prefect_ui_url']}   (profile {result['profile']} is now active)",
+        f"MLflow UI:   {result['mlflow_url']}",
+        f"artifacts:   {result['root']}",
+        f"logs:        {Path(result['state_dir']) / 'logs'}",
+        "next:        prefect deployment run gpt2/full-pipeline",
+    ]))
+
+
+def down(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:
+    """Stop what `up` started and restore the previous Prefect profile."""
+    from cli import stack
+
+    result = stack.down(_state_dir(state_dir))
+    stopped = ", ".join(result["stopped"]) or "nothing was running"
+    emit(result, as_json, f"stopped: {stopped}" + (f"\nprofile: {result['profile']}" if "profile" in result else ""))
+
+
+def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:
+    """Health of the server, MLflow and each worker; exit 1 unless all are healthy."""
+    from cli import stack
+
+    result = stack.status(_state_dir(state_dir))
+    lines = [f"{'healthy' if result['healthy'] else 'NOT healthy' if result['up'] else 'not up'}",
+             f"Prefect API: {result['prefect_api_url']}", f"MLflow:      {result['mlflow_url']}",
+             f"artifacts:   {result['root']}"]
+    lines += [f"{name:12} {'ok' if p['alive'] and p.get('healthy', True) else 'DOWN'} (pid {p['pid']}, log {p['log']})"
+              for name, p in result["parts"].items()]
+    emit(result, as_json, "\n".join(lines))
+    if not result["healthy"]:
+        raise typer.Exit(1)
