@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import config_cmd, data_cmd, eval_cmd, run_cmd, train_cmd
+from cli import config_cmd, data_cmd, eval_cmd, run_cmd, stack_cmd, train_cmd
 
 app = typer.Typer(
     name="gpt2",

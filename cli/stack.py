@@ -44,13 +44,33 @@ def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
 
 
 def default_root() -> str:
-    """Where the deployments write: the config's default root, resolved in the
-    project directory that prefect.yaml's pull step moves each flow run into."""
+    """Where the deployments write by default: the config's default root,
+    resolved in the project directory that prefect.yaml's pull step moves
+    each flow run into."""
+    from gpt2 import storage
     from gpt2.config import RuntimeConfig
 
     root = RuntimeConfig().root
-    path = root[len("file://"):] if root.startswith("file://") else root
-    return "file://" + str((stack_assets.PROJECT_DIR / path).resolve()) if "://" not in path else root
+    if root.startswith("file://") and not Path(root[len("file://"):]).is_absolute():
+        return storage.normalize_url(str(stack_assets.PROJECT_DIR / root[len("file://"):]))
+    return storage.normalize_url(root)
+
+
+def _mlflow_store(root: str, state_dir: Path) -> tuple[str, str]:
+    """(backend store URI, artifacts destination) of the MLflow server.
+
+    A local root: the very SQLite file and artifact directory that the stages'
+    embedded default (gpt2.tracking) writes for that root, so the server shows
+    every run of that root, whether it was logged through the server or not.
+    """
+    from gpt2 import storage
+
+    # By scheme: instantiating a cloud filesystem may probe for credentials.
+    path = Path(root[len("file://"):]) if root.startswith("file://") else None
+    base = path if path is not None else state_dir
+    base.mkdir(parents=True, exist_ok=True)
+    artifacts = storage.join(root, "mlflow-artifacts") if path is not None else str(state_dir / "mlflow-artifacts")
+    return f"sqlite:///{base / 'mlflow.db'}", artifacts
 
 
 def _base_env() -> dict[str, str]:
@@ -71,11 +91,10 @@ def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
     state["processes"].append(processes.start(
         "server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         server_env, state_dir, logs))
-    artifacts = state["root"] + "/mlflow-artifacts" if state["root"].startswith("file://") else str(state_dir / "mlflow-artifacts")
+    store, artifacts = _mlflow_store(state["root"], state_dir)
     state["processes"].append(processes.start(
         "mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mport), "--workers", "1",
-                   "--backend-store-uri", f"sqlite:///{state_dir / 'mlflow.db'}",
-                   "--serve-artifacts", "--artifacts-destination", artifacts],
+                   "--backend-store-uri", store, "--serve-artifacts", "--artifacts-destination", artifacts],
         env, state_dir, logs))
 
 
@@ -108,9 +127,15 @@ def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["name"]: p for p in state["processes"]}
 
 
-def up(state_dir: Path, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES,
+def up(state_dir: Path, root: str | None = None, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES,
        say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Start the stack, or return the running one; stops a half-dead one first."""
+    """Start the stack, or return the running one; stops a half-dead one first.
+
+    `root` is the artifact root whose MLflow store the server serves (default:
+    where the deployments write by default); runs with another
+    `runtime.root` log to that root's own store."""
+    from gpt2 import storage
+
     existing = read_state(state_dir)
     if existing and status(state_dir)["healthy"]:
         say("the stack is already up")
@@ -119,7 +144,7 @@ def up(state_dir: Path, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDU
         say("stopping the leftovers of an earlier stack")
         down(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"root": default_root(), "project_dir": str(stack_assets.PROJECT_DIR),
+    state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(), "project_dir": str(stack_assets.PROJECT_DIR),
                              "state_dir": str(state_dir), "profile": stack_prefect.PROFILE,
                              "previous_profile": stack_prefect.active_profile(), "processes": []}
     try:

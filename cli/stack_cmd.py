@@ -25,6 +25,8 @@ app = typer.Typer(help="A local Prefect server, MLflow server and workers (the c
 
 StateDirOpt = typer.Option(None, "--state-dir", help="Where state, logs and databases live "
                            "(default $GPT2_STACK_DIR or ~/.cache/gpt2-pipeline/stack).")
+RootOpt = typer.Option(None, "--root", help="Artifact root whose MLflow store the server shows "
+                       "(default: the deployments' default root, ./artifacts of the project).")
 ReschedulesOpt = typer.Option(3, "--max-reschedules", min=0,
                               help="How many times a crashed (preempted) GPU run is rescheduled; 0: never.")
 
@@ -39,13 +41,14 @@ def _say(message: str) -> None:
     typer.echo(message, err=True)  # progress on stderr keeps stdout for --json
 
 
-def up(state_dir: Optional[Path] = StateDirOpt, max_reschedules: int = ReschedulesOpt, as_json: bool = JsonOpt) -> None:
+def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
+       as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
     from cli import stack
     from cli.processes import ServiceError
 
     try:
-        state = stack.up(_state_dir(state_dir), max_reschedules, say=_say)
+        state = stack.up(_state_dir(state_dir), root, max_reschedules, say=_say)
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = stack.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
@@ -80,3 +83,8 @@ def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> 
     emit(result, as_json, "\n".join(lines))
     if not result["healthy"]:
         raise typer.Exit(1)
+
+
+app.command("up")(up)
+app.command("down")(down)
+app.command("status")(status)

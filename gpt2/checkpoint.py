@@ -115,13 +115,30 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k != TIED}
 
 
-def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict, rng: dict) -> None:
+def _cpu_copy(obj):
+    """Deep copy with every tensor on the CPU: the training step may change
+    the originals while a background thread is still writing them."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model tensors, optimizer state) copied to the CPU, ready for write_checkpoint."""
+    return model_tensors(model), _cpu_copy(optimizer.state_dict())
+
+
+def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state: dict,
+                     state: dict, rng: dict) -> None:
     """Write one checkpoint directory; it counts only once COMPLETE is written."""
     storage.remove(url, recursive=True)  # leftovers of a killed write at this step
     blobs = {
-        "model.safetensors": save_safetensors(model_tensors(model), metadata={"format": "pt"}),
-        "optimizer.pt": _to_bytes(optimizer.state_dict()),
+        "model.safetensors": save_safetensors(tensors, metadata={"format": "pt"}),
+        "optimizer.pt": _to_bytes(optimizer_state),
         "rng.pt": _to_bytes(rng),
         "state.json": (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(),
     }
@@ -130,6 +147,12 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
         storage.write_bytes_atomic(storage.join(url, name), data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     storage.write_json_atomic(storage.join(url, MARKER), {"step": state["step"], "files": files})
+
+
+def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict, rng: dict) -> None:
+    """Snapshot and write a checkpoint in this thread."""
+    write_checkpoint(url, *snapshot(model, optimizer), state, rng)
 
 
 def _read_verified(url: str, name: str, expected: dict) -> bytes:

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from gpt2 import checkpoint
-from gpt2.distributed import any_rank, barrier
+from gpt2.checkpoint_writer import CheckpointWriter
+from gpt2.distributed import any_rank
 from gpt2.identity import train_fingerprint
 from gpt2.optim import lr_at, set_lr
 from gpt2.progress import Progress, StepInfo
@@ -54,7 +55,10 @@ class Loop:
         state = session.resumed_state
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
-        self.last_checkpoint = checkpoint.checkpoint_url(self.run_dir, session.start_step) if state else None
+        resumed_url = checkpoint.checkpoint_url(self.run_dir, session.start_step) if state else None
+        # Only rank 0 writes; the others keep no writer.
+        self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, resumed_url) \
+            if session.env.is_main else None
         self.saved_step = session.start_step
         self.throughput = Throughput()
         self.saved_tps = state.get("tokens_per_second", 0.0)
@@ -81,9 +85,19 @@ class Loop:
             self._finish()
             status = "KILLED" if preempted else "FINISHED"
         finally:
-            self.tracker.close(status)
-        return Outcome(self.run_name, self.last_checkpoint, self._steps_done(), self.train_loss, self.val_loss,
+            try:  # whatever happened, the checkpoint being written is completed first
+                last = self._last_checkpoint(close=True)
+            finally:
+                self.tracker.close(status)
+        return Outcome(self.run_name, last, self._steps_done(), self.train_loss, self.val_loss,
                        self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted)
+
+    def _last_checkpoint(self, close: bool = False) -> str | None:
+        if self.writer is None:
+            return None
+        if close:
+            self.writer.close()
+        return self.writer.wait()
 
     def _steps_done(self) -> int:
         return self.history["train"][-1][0] if self.history["train"] else self.s.start_step
@@ -105,7 +119,7 @@ class Loop:
         if not math.isfinite(loss):
             raise TrainingError(
                 f"loss is {loss} at step {done} of {cfg.max_steps}: training diverged; the last good checkpoint "
-                f"is {self.last_checkpoint or '(none yet)'}; lower train.lr or raise train.warmup_steps"
+                f"is {self._last_checkpoint() or '(none yet)'}; lower train.lr or raise train.warmup_steps"
             )
         self.throughput.add(cfg.total_batch_tokens, dt)
         self.train_loss = loss
@@ -167,16 +181,12 @@ class Loop:
             self.tracker.log_artifact(path, "samples")
 
     def _save(self, done: int) -> None:
-        if self.s.env.is_main:
-            url = checkpoint.checkpoint_url(self.run_dir, done)
-            t0 = now()
-            checkpoint.save_checkpoint(url, self.s.raw_model, self.s.optimizer, self._state(done),
-                                       rng_state(self.s.env.device))
-            checkpoint.prune(self.run_dir, self.cfg.train.keep_checkpoints)
-            log.info("checkpoint %s written in %.2fs", url, now() - t0)
-            self.last_checkpoint = url
         self.saved_step = done
-        barrier(self.s.env)
+        if self.writer is not None:
+            url = checkpoint.checkpoint_url(self.run_dir, done)
+            held = self.writer.submit(url, self.s.raw_model, self.s.optimizer, self._state(done),
+                                      rng_state(self.s.env.device))
+            log.debug("checkpoint %s snapshot took %.3fs; writing in the background", url, held)
 
     def _state(self, done: int) -> dict:
         return {

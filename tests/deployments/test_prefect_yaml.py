@@ -1,0 +1,99 @@
+"""prefect.yaml against the code it deploys: entrypoints, parameters (with
+Prefect's own parameter schema and validation), pools, tags, the pull step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import yaml
+from prefect.cli.deploy._models import PrefectYamlModel
+from prefect.deployments.steps.core import run_steps
+from prefect.exceptions import ParameterTypeError
+from prefect.flows import load_flow_from_entrypoint
+from prefect.utilities.callables import parameter_schema
+from prefect.utilities.schema_tools import ValidationError, validate
+
+from cli import stack_assets
+from gpt2.overrides import KNOWN_KEYS, resolve_config
+
+EXPECTED = {  # deployment -> (pool, GPU stage?)
+    "gpt2/full-pipeline": ("cpu", False),
+    "gpt2-data/data": ("cpu", False),
+    "gpt2-train/train": ("gpu", True),
+    "gpt2-eval/evaluate": ("gpu", True),
+    "gpt2-export/export": ("cpu", False),
+}
+
+
+def _deployments():
+    """(full name, spec, flow) for every deployment in prefect.yaml."""
+    out = []
+    for spec in stack_assets.deployments():
+        flow = load_flow_from_entrypoint(spec["entrypoint"])
+        out.append((f"{flow.name}/{spec['name']}", spec, flow))
+    return out
+
+
+DEPLOYMENTS = _deployments()
+IDS = [name for name, _, _ in DEPLOYMENTS]
+
+
+def test_prefect_accepts_the_file_and_deploys_exactly_the_expected_set():
+    # `prefect deploy` only warns and skips a file that fails this model.
+    model = PrefectYamlModel.model_validate(yaml.safe_load(stack_assets.PREFECT_YAML.read_text()))
+    assert len(model.deployments) == len(EXPECTED)
+    assert sorted(IDS) == sorted(EXPECTED)
+
+
+def test_parent_flow_starts_exactly_these_stage_deployments():
+    from flows.stages import DEPLOYMENTS as PARENT_REFS
+
+    assert set(PARENT_REFS.values()) == set(EXPECTED) - {"gpt2/full-pipeline"}
+
+
+@pytest.mark.parametrize("name,spec,flow", DEPLOYMENTS, ids=IDS)
+def test_parameters_match_the_flow_signature(name, spec, flow):
+    params = spec["parameters"]
+    # Prefect's OpenAPI schema of the signature, as the server and UI validate runs with.
+    schema = parameter_schema(flow).model_dump_for_openapi()
+    validate(params, schema, raise_on_error=True, ignore_required=False)
+    # and the engine's own check (pydantic, by the signature) before a run starts
+    flow.validate_parameters(params)
+    assert set(params) == {"preset", "overrides"}, "deployments name a preset and overrides only"
+    assert set(params["overrides"]) <= KNOWN_KEYS and len(params["overrides"]) <= 3
+    resolve_config(params["preset"], params["overrides"])  # the config they make is valid
+
+
+@pytest.mark.parametrize("bad", [{"preset": 3}, {"overrides": ["train.max_steps=1"]}, {"presets": "smoke"}])
+def test_the_same_checks_reject_wrong_parameters(bad):
+    _, spec, flow = DEPLOYMENTS[IDS.index("gpt2-train/train")]
+    schema = parameter_schema(flow).model_dump_for_openapi()
+    params = {**spec["parameters"], **bad}
+    with pytest.raises((ValidationError, ParameterTypeError)):
+        validate(params, schema, raise_on_error=True)
+        flow.validate_parameters(params)
+
+
+@pytest.mark.parametrize("name,spec,flow", DEPLOYMENTS, ids=IDS)
+def test_pools_and_tags(name, spec, flow):
+    pool, gpu = EXPECTED[name]
+    assert spec["work_pool"]["name"] == pool
+    assert spec["work_pool"]["name"] in stack_assets.LOCAL_POOLS
+    tags = set(spec.get("tags") or [])
+    if gpu:  # selected by the reschedule and zombie automations
+        assert {"gpu", "preemptible"} <= tags
+    else:
+        assert not tags & {"gpu", "preemptible"}
+
+
+def test_pull_step_moves_the_flow_run_into_the_project_dir(tmp_path, monkeypatch):
+    steps = stack_assets.pull_steps()
+    assert [next(iter(s)) for s in steps] == ["prefect.deployments.steps.set_working_directory"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(stack_assets.PROJECT_DIR_ENV, str(stack_assets.PROJECT_DIR))
+    asyncio.run(run_steps(steps))  # resolves {{ $GPT2_PROJECT_DIR }} as a flow-run process does
+    assert os.getcwd() == str(stack_assets.PROJECT_DIR)
+    for spec in stack_assets.deployments():  # and the entrypoints resolve from there
+        assert (stack_assets.PROJECT_DIR / spec["entrypoint"].split(":")[0]).is_file()
