@@ -168,6 +168,17 @@ def _limited(batches: Iterator[list[str]], max_docs: int | None) -> Iterator[lis
             return
 
 
+SMALL_CORPUS_BYTES = 16 << 20
+"""Below this, starting worker processes (~1 s each) costs more than it saves."""
+
+
+def _workers(config: Config, source: sources.SourceFiles) -> int:
+    known = source.sizes and all(source.sizes)
+    if known and sum(source.sizes) < SMALL_CORPUS_BYTES:
+        return 1  # the token stream is the same for any number of workers
+    return config.runtime.num_workers
+
+
 def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progress | None = None,
                     show_progress: bool = True) -> Tokenized:
     """Tokenize the source into local parts, resuming after the last complete one."""
@@ -192,15 +203,15 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
         sources.iter_text_batches(source, config.data.text_field, skip=docs),
         None if max_docs is None else max_docs - docs,
     )
-    writer, bar = _PartWriter(directory, parts, config.runtime.tokenize_part_tokens), _progress_bar(show_progress, total_docs, docs, tokens)
+    writer = _PartWriter(directory, parts, config.runtime.tokenize_part_tokens)
+    bar = _TokenizeBar(show_progress, total_docs, docs, tokens)
     try:
-        for n_docs, arr in tokenize_stream(batches, config.runtime.num_workers):
+        for n_docs, arr in tokenize_stream(batches, _workers(config, source)):
             if max_tokens is not None:
                 arr = arr[: max_tokens - tokens]  # exact cut: independent of batching
             writer.write(n_docs, arr)
             docs, tokens = docs + n_docs, tokens + len(arr)
-            bar.update(n_docs)
-            bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+            bar.update(n_docs, tokens)
             if progress:
                 progress(docs, tokens, total_docs)
             if max_tokens is not None and tokens >= max_tokens:
@@ -218,11 +229,24 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
     return result
 
 
-def _progress_bar(enabled: bool, total: int | None, docs: int, tokens: int):
-    from tqdm.auto import tqdm
+class _TokenizeBar:
+    """tqdm over documents (rate and ETA when the total is known) with the
+    token count and tokens/s alongside; on stderr, so --json stays clean."""
 
-    return tqdm(total=total, initial=docs, unit="doc", desc="tokenize", disable=not enabled,
-                smoothing=0.05, postfix={"tokens": f"{tokens:,}"})
+    def __init__(self, enabled: bool, total: int | None, docs: int, tokens: int):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, initial=docs, unit="doc", desc="tokenize", disable=not enabled,
+                        smoothing=0.05, dynamic_ncols=True)
+        self.start, self.start_tokens = time.perf_counter(), tokens
+
+    def update(self, n_docs: int, tokens: int) -> None:
+        rate = (tokens - self.start_tokens) / max(time.perf_counter() - self.start, 1e-9)
+        self.bar.update(n_docs)
+        self.bar.set_postfix_str(f"{tokens:,} tokens, {rate / 1e6:.2f}M tok/s", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 # --- 3. shard -------------------------------------------------------------

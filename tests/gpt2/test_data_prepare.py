@@ -173,3 +173,13 @@ def test_split_sizes_val_first_then_train(smoke_config):
     plan = prepare.split_sizes(config, 10_000)
     assert [s for s, _ in plan[:3]] == ["val"] * 3 and sum(n for s, n in plan if s == "val") == 2500
     assert sum(n for _, n in plan) == 10_000 and all(n <= 1024 for _, n in plan)
+
+
+def test_worker_pool_gives_the_same_stream_in_order(prose_docs):
+    from gpt2.data.tokenize import tokenize_stream
+
+    batches = [[d["text"] for d in prose_docs[i:i + 37]] for i in range(0, 600, 37)]
+    serial = list(tokenize_stream(batches, num_workers=1))
+    pooled = list(tokenize_stream(iter(batches), num_workers=2, window=3))
+    assert [n for n, _ in pooled] == [len(b) for b in batches]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(serial, pooled))
