@@ -82,7 +82,7 @@ def _base_env() -> dict[str, str]:
 
 
 def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
-    logs, bin_dir = state_dir / "logs", Path(sys.executable).parent
+    logs = state_dir / "logs"
     port, mport = processes.free_port(), processes.free_port()
     state["prefect_ui_url"] = f"http://127.0.0.1:{port}"
     state["prefect_api_url"] = f"http://127.0.0.1:{port}/api"
@@ -93,7 +93,7 @@ def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
         server_env, state_dir, logs))
     store, artifacts = _mlflow_store(state["root"], state_dir)
     state["processes"].append(processes.start(
-        "mlflow", [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mport), "--workers", "1",
+        "mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mport), "--workers", "1",
                    "--backend-store-uri", store, "--serve-artifacts", "--artifacts-destination", artifacts],
         env, state_dir, logs))
 

@@ -13,12 +13,14 @@ talk to this server (a PREFECT_API_URL set in the environment still wins);
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from cli.common import JsonOpt, emit, fail
+from cli.stack_assets import DEFAULT_MAX_RESCHEDULES
 
 app = typer.Typer(help="A local Prefect server, MLflow server and workers (the cloud architecture, on loopback).",
                   no_args_is_help=True)
@@ -27,7 +29,7 @@ StateDirOpt = typer.Option(None, "--state-dir", help="Where state, logs and data
                            "(default $GPT2_STACK_DIR or ~/.cache/gpt2-pipeline/stack).")
 RootOpt = typer.Option(None, "--root", help="Artifact root whose MLflow store the server shows "
                        "(default: the deployments' default root, ./artifacts of the project).")
-ReschedulesOpt = typer.Option(3, "--max-reschedules", min=0,
+ReschedulesOpt = typer.Option(DEFAULT_MAX_RESCHEDULES, "--max-reschedules", min=0,
                               help="How many times a crashed (preempted) GPU run is rescheduled; 0: never.")
 
 
@@ -52,6 +54,8 @@ def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, m
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = stack.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
+    if os.environ.get("PREFECT_API_URL") not in (None, result["prefect_api_url"]):
+        _say("note: PREFECT_API_URL is set in this shell and wins over the profile; unset it to reach the stack")
     emit(result, as_json, "\n".join([
         f"Prefect UI:  {result['prefect_ui_url']}   (profile {result['profile']} is now active)",
         f"MLflow UI:   {result['mlflow_url']}",

@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.stages import publish_result
 from gpt2 import checkpoint, storage
 from gpt2.config import Config
 from gpt2.data.manifest import load_manifest, manifest_url
@@ -60,7 +61,9 @@ def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, r
     config = resolve_config(preset, overrides or {}, root=root)
     get_run_logger().info("training %s (%d steps) -> %s", checkpoint.run_name(config),
                           config.train.max_steps, checkpoint.run_dir_url(config))
-    return run_train_stage(config, fresh, parent_run_id)
+    result = run_train_stage(config, fresh, parent_run_id)
+    publish_result(config, result)  # for a parent flow that started this run as a deployment
+    return result
 
 
 def main() -> None:

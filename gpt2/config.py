@@ -64,7 +64,8 @@ class DataConfig(_Section):
 
 class TrainConfig(_Section):
     seed: int = 1337
-    """Seed for weights init, data order and sampling."""
+    """Seed for the weight init and the text samples (batches follow the shards'
+    fixed order, as in llm.c, so a resumed run sees exactly the same data)."""
     total_batch_tokens: int = Field(524_288, ge=1)
     """Tokens per optimizer step across all devices (gradient accumulation fills it)."""
     micro_batch_size: int | Literal["auto"] = "auto"

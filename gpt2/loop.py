@@ -18,7 +18,9 @@ import torch
 
 from gpt2 import checkpoint
 from gpt2.checkpoint_writer import CheckpointWriter
-from gpt2.distributed import any_rank
+from gpt2.distributed import all_reduce, any_rank, autocast
+from gpt2.hellaswag.items import load_items
+from gpt2.hellaswag.scorer import evaluate_hellaswag
 from gpt2.identity import train_fingerprint
 from gpt2.optim import lr_at, set_lr
 from gpt2.progress import Progress, StepInfo
@@ -64,6 +66,7 @@ class Loop:
         self.saved_tps = state.get("tokens_per_second", 0.0)
         self.peak, self.flops_per_token = peak_flops(session.env.device), session.raw_model.flops_per_token()
         self.log_every = max(1, self.cfg.train.max_steps // 100)
+        self.hellaswag_items = None  # loaded on first use; [] once loading failed
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
                                parent_run_id=parent_run_id, tags=all_tags,
@@ -126,6 +129,7 @@ class Loop:
         self.history["train"].append([done, loss])
         val = self._validate(done)
         self._report(done, loss, lr, norm, cfg.total_batch_tokens / dt, val)
+        self._hellaswag(done)
         if _every(done, cfg.sample_every, cfg.max_steps):
             self._samples(done)
         if _every(done, cfg.checkpoint_every, cfg.max_steps):
@@ -169,6 +173,34 @@ class Loop:
             log.info("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s",
                      done, self.cfg.train.max_steps, loss, lr, norm, tps, extra)
 
+    def _hellaswag(self, done: int) -> None:
+        """The native HellaSwag scorer every eval.every_steps, items split over
+        ranks. It never stops training: unloadable items only cost a warning."""
+        every = self.cfg.eval.every_steps
+        if not every or done % every or self.hellaswag_items == []:
+            return
+        env = self.s.env
+        if self.hellaswag_items is None:
+            try:
+                self.hellaswag_items = load_items(self.cfg.eval.hellaswag_source, self.cfg.eval.limit)
+            except Exception as err:  # noqa: BLE001 - optional in-loop metric
+                log.warning("in-loop HellaSwag disabled: cannot load %s (%s)", self.cfg.eval.hellaswag_source, err)
+                self.hellaswag_items = []
+            if any_rank(not self.hellaswag_items, env):  # all ranks score, or none
+                self.hellaswag_items = []
+                return
+        mine = self.hellaswag_items[env.rank::env.world_size]
+        with autocast(env.device, self.s.ctx.amp):
+            m = evaluate_hellaswag(self.s.raw_model, mine, env.device, self.cfg.eval.batch_size) if mine else {}
+        n = m.get("n", 0)
+        keys = ("acc", "acc_norm", "acc_norm_per_token")
+        counts = all_reduce(torch.tensor([m.get(k, 0.0) * n for k in keys] + [n], dtype=torch.float64,
+                                         device=env.device), env, op="sum")
+        metrics = {f"hellaswag/{k}": (counts[i] / counts[-1]).item() for i, k in enumerate(keys)}
+        if env.is_main:
+            log.info("HellaSwag at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            self.tracker.log_metrics(metrics, step=done)
+
     def _samples(self, done: int) -> None:
         if not self.s.env.is_main:
             return
@@ -204,7 +236,8 @@ class Loop:
             "micro_batch_size": self.s.micro_batch,
             "world_size": self.s.env.world_size,
             "saved_at": datetime.now(timezone.utc).isoformat(),
-            "history": self.history,
+            # Copied: the writer thread serializes this while the loop appends.
+            "history": {k: [list(p) for p in v] for k, v in self.history.items()},
         }
 
     def _finish(self) -> None:

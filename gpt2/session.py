@@ -77,7 +77,8 @@ def resume_from(run_dir: str, env: DistEnv, fresh: bool) -> checkpoint.Checkpoin
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:
-    torch.set_rng_state(rng["cpu"])
+    if "cpu" in rng:
+        torch.set_rng_state(rng["cpu"])
     if device.type == "cuda" and "cuda" in rng:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
@@ -141,7 +142,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
 
     source = ShardSource(url, manifest, default_work_dir(config.runtime.work_dir), env)
     loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
-    if ckpt:
+    if ckpt and "loader" in ckpt.state:
         loader.load_state_dict(ckpt.state["loader"])
     val_tokens = config.train.val_steps * config.train.total_batch_tokens
     val = val_batches(source, config.model.block_size, val_tokens, micro, env)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from prefect.cli.deploy._models import PrefectYamlModel
 from prefect.deployments.steps.core import run_steps
-from prefect.exceptions import ParameterTypeError
+from prefect.exceptions import ParameterTypeError, SignatureMismatchError
 from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import ValidationError, validate
@@ -71,7 +71,7 @@ def test_the_same_checks_reject_wrong_parameters(bad):
     _, spec, flow = DEPLOYMENTS[IDS.index("gpt2-train/train")]
     schema = parameter_schema(flow).model_dump_for_openapi()
     params = {**spec["parameters"], **bad}
-    with pytest.raises((ValidationError, ParameterTypeError)):
+    with pytest.raises((ValidationError, ParameterTypeError, SignatureMismatchError)):
         validate(params, schema, raise_on_error=True)
         flow.validate_parameters(params)
 
@@ -88,7 +88,7 @@ def test_pools_and_tags(name, spec, flow):
         assert not tags & {"gpu", "preemptible"}
 
 
-def test_pull_step_moves_the_flow_run_into_the_project_dir(tmp_path, monkeypatch):
+def test_pull_step_moves_the_flow_run_into_the_project_dir(tmp_path, monkeypatch, prefect_server):
     steps = stack_assets.pull_steps()
     assert [next(iter(s)) for s in steps] == ["prefect.deployments.steps.set_working_directory"]
     monkeypatch.chdir(tmp_path)

@@ -1,16 +1,13 @@
-"""The `gpt2-train` stage flow and `gpt2 train`: real Prefect server, real
-MLflow (SQLite under the tmp root), in-process and torchrun (2 gloo workers)."""
+"""The `gpt2-train` stage flow: real Prefect server, real MLflow (SQLite under
+the tmp root), in-process and torchrun (2 gloo workers)."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 from prefect.client.orchestration import get_client
-from typer.testing import CliRunner
 
-from cli.main import app
 from flows.train import train_flow
 from gpt2 import checkpoint
 from tests.gpt2.train_fixtures import TINY, tiny_config, write_dataset
@@ -67,25 +64,3 @@ def test_several_processes_run_under_torchrun(stage):
         with get_client(sync_client=True) as client:
             messages = "\n".join(log.message for log in client.read_logs(query))
     assert "torch.distributed.run" in messages and "step 4/4" in messages and "[rank 0]" in messages
-
-
-def test_cli_says_how_to_make_missing_data(tmp_path):
-    out = CliRunner().invoke(app, ["train", "--preset", "smoke", "--root", str(tmp_path / "empty"),
-                                   "--set", "train.max_steps=5"])
-    assert out.exit_code == 1
-    assert "manifest.json does not exist" in out.output
-    assert f"gpt2 prepare --preset smoke --set train.max_steps=5 --root {tmp_path / 'empty'}" in out.output
-
-
-def test_cli_json_result(stage):
-    config, args = stage
-    sets = [f"{k}={v}" for k, v in args["overrides"].items()] + ["train.max_steps=2", "train.checkpoint_every=2"]
-    cmd = ["train", "--preset", "smoke", "--root", args["root"], "--json"]
-    for s in sets:
-        cmd += ["--set", s]
-    out = CliRunner().invoke(app, cmd)
-    assert out.exit_code == 0, out.output
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert KEYS <= set(result)
-    assert result["steps"] == 2 and result["resumed_from_step"] == 0
-    assert isinstance(result["final_val_loss"], float) and result["checkpoint"].endswith("step_000002")

@@ -31,11 +31,16 @@ def assert_same_weights(a: str, b: str) -> None:
         assert torch.equal(wa[k], wb[k]), k
 
 
+IN_LOOP_HELLASWAG = {"eval.every_steps": 4, "eval.limit": 8}
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """One uninterrupted 8-step run; tests copy its root before changing it."""
     root = tmp_path_factory.mktemp("finished")
-    config = tiny_config(root)
+    # In-loop HellaSwag on the format sample; eval settings are not part of
+    # the training identity, so tiny_config(root) names the same run.
+    config = tiny_config(root, **IN_LOOP_HELLASWAG)
     write_dataset(config)
     return root, train(config)
 
@@ -49,7 +54,7 @@ def copy_root(finished, tmp_path):
 
 def test_run_reports_checkpoints_and_learns(finished):
     root, result = finished
-    config = tiny_config(root)
+    config = tiny_config(root, **IN_LOOP_HELLASWAG)
     assert result.steps == 8 and result.resumed_from_step == 0 and result.world_size == 1
     assert result.checkpoint == checkpoint.checkpoint_url(checkpoint.run_dir_url(config), 8)
     assert result.run_name == checkpoint.run_name(config)
@@ -79,6 +84,8 @@ def test_mlflow_run_has_params_metrics_and_artifacts(finished):
     val = client.get_metric_history(run.info.run_id, "val/loss")
     assert [m.step for m in val] == [4, 8] and val[-1].value == result.final_val_loss
     assert {"train/lr", "train/grad_norm", "perf/tokens_per_second"} <= set(run.data.metrics)
+    hellaswag = client.get_metric_history(run.info.run_id, "hellaswag/acc_norm")
+    assert [m.step for m in hellaswag] == [4, 8] and all(0 <= m.value <= 1 for m in hellaswag)
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.json", "loss_curve.png", "samples"} <= names
     assert run.info.artifact_uri.startswith(storage.normalize_url(str(root)))

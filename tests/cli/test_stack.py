@@ -1,0 +1,77 @@
+"""`gpt2 stack up|status|down` for real: servers, workers and `prefect`
+commands as separate processes on loopback, in a fresh $HOME."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cli import processes
+from tests.cli.stack_fixtures import clean_env, gpt2, last_json, prefect
+
+pytestmark = pytest.mark.slow
+
+DEPLOYMENTS = {"gpt2/full-pipeline", "gpt2-data/data", "gpt2-train/train", "gpt2-eval/evaluate", "gpt2-export/export"}
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A fresh $HOME whose active Prefect profile is a user's own `mine`."""
+    home = tmp_path / "home"
+    (home / ".prefect").mkdir(parents=True)
+    (home / ".prefect" / "profiles.toml").write_text(
+        'active = "mine"\n\n[profiles.mine]\nPREFECT_LOGGING_LEVEL = "WARNING"\n')
+    yield home
+    gpt2(clean_env(home), tmp_path, "stack", "down", check=False)  # whatever the test left running
+
+
+def _api_view(api_url: str) -> dict:
+    from cli.stack_prefect import client
+
+    with client(api_url) as c:
+        return {"pools": {p.name: p.base_job_template for p in c.read_work_pools()},
+                "automations": {a.name: a for a in c.read_automations()},
+                "workers": {pool: [w.name for w in c.read_workers_for_work_pool(pool)] for pool in ("cpu", "gpu")}}
+
+
+def test_up_status_down_in_a_fresh_home(home, tmp_path):
+    from cli import stack_assets
+
+    env, cwd = clean_env(home), tmp_path  # not the project dir: works from anywhere
+    up = last_json(gpt2(env, cwd, "stack", "up", "--root", str(tmp_path / "root"), "--json"))
+    assert up["healthy"] and not up["already_up"]
+    assert up["prefect_api_url"].startswith("http://127.0.0.1:") and up["mlflow_url"].startswith("http://127.0.0.1:")
+    assert up["root"] == f"file://{tmp_path / 'root'}"
+    assert Path(up["state_dir"]) == home / ".cache" / "gpt2-pipeline" / "stack"
+    assert all(part["healthy"] for part in up["parts"].values()) and len(up["parts"]) == 4
+    pids = {name: part["pid"] for name, part in up["parts"].items()}
+
+    status = last_json(gpt2(env, cwd, "stack", "status", "--json"))
+    assert status["healthy"] and status["active_profile"] == "gpt2-local"
+    assert {k: status[k] for k in ("prefect_api_url", "mlflow_url", "root")} == {
+        k: up[k] for k in ("prefect_api_url", "mlflow_url", "root")}
+    again = last_json(gpt2(env, cwd, "stack", "up", "--json"))
+    assert again["already_up"] and {n: p["pid"] for n, p in again["parts"].items()} == pids
+
+    # Plain `prefect` commands in the same shell reach the stack through the profile.
+    assert {"cpu", "gpu"} <= set(prefect(env, cwd, "work-pool", "ls").split())
+    listed = prefect(env, cwd, "deployment", "ls")
+    assert all(name in listed for name in DEPLOYMENTS), listed
+    view = _api_view(up["prefect_api_url"])
+    assert view["pools"]["gpu"] == stack_assets.pool_template("process-gpu")
+    assert view["pools"]["cpu"] == stack_assets.pool_template("process-cpu")
+    assert set(view["automations"]) == {"gpt2-reschedule-preempted", "gpt2-zombie-runs"}
+    assert view["workers"] == {"cpu": ["gpt2-cpu"], "gpu": ["gpt2-gpu"]}
+    assert processes.http_ok(f"{up['mlflow_url']}/health")
+
+    down = last_json(gpt2(env, cwd, "stack", "down", "--json"))
+    assert sorted(down["stopped"]) == sorted(pids) and down["profile"] == "mine"
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in pids.values())
+    assert not processes.http_ok(f"{up['prefect_api_url']}/health", timeout=1)
+    profiles = (home / ".prefect" / "profiles.toml").read_text()
+    assert 'active = "mine"' in profiles and "gpt2-local" not in profiles
+    after = gpt2(env, cwd, "stack", "status", "--json", check=False)
+    assert after.returncode == 1 and not last_json(after)["up"]

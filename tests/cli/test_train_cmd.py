@@ -1,0 +1,40 @@
+"""`gpt2 train`: the missing-data message and the --json result (real
+Prefect server and MLflow, the flow in-process)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from cli.main import app
+from gpt2 import storage
+from tests.gpt2.train_fixtures import TINY, tiny_config, write_dataset
+
+KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
+        "tokens_per_second", "mlflow_run_id"}
+
+
+def test_cli_says_how_to_make_missing_data(tmp_path):
+    out = CliRunner().invoke(app, ["train", "--preset", "smoke", "--root", str(tmp_path / "empty"),
+                                   "--set", "train.max_steps=5"])
+    assert out.exit_code == 1
+    assert "manifest.json does not exist" in out.output
+    assert f"gpt2 prepare --preset smoke --set train.max_steps=5 --root {tmp_path / 'empty'}" in out.output
+
+
+def test_cli_json_result(tmp_path, prefect_server):
+    overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.max_steps": 2, "train.checkpoint_every": 2}
+    write_dataset(tiny_config(tmp_path / "root", **overrides))
+    sets = [f"{k}={v}" for k, v in overrides.items()]
+    cmd = ["train", "--preset", "smoke", "--root", str(tmp_path / "root"), "--json"]
+    for s in sets:
+        cmd += ["--set", s]
+    out = CliRunner().invoke(app, cmd)
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert KEYS <= set(result)
+    assert result["steps"] == 2 and result["resumed_from_step"] == 0
+    assert isinstance(result["final_val_loss"], float) and result["checkpoint"].endswith("step_000002")
+    # Full precision: exactly the number the checkpoint recorded.
+    assert storage.read_json(storage.join(result["checkpoint"], "state.json"))["val_loss"] == result["final_val_loss"]

@@ -1,0 +1,123 @@
+"""Automations in deployments/automations/: Prefect's own models accept them,
+the server's trigger logic selects exactly the runs they are meant for, and on a
+real server the reschedule automation puts a crashed preemptible run back to
+Scheduled, only as many times as the cap allows."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.events.schemas.automations import AutomationCore
+from prefect.server.events.schemas.automations import AutomationCore as ServerAutomationCore
+from prefect.server.events.schemas.events import ReceivedEvent
+from prefect.states import Crashed, Pending, Running
+
+from cli import stack_assets
+
+RESCHEDULE, ZOMBIE = stack_assets.RESCHEDULE_AUTOMATION, "gpt2-zombie-runs"
+
+
+def _specs(max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES) -> dict[str, dict]:
+    return {spec["name"]: spec for spec in stack_assets.automations(max_reschedules)}
+
+
+def _trigger(name: str, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES):
+    return ServerAutomationCore.model_validate(_specs(max_reschedules)[name]).trigger
+
+
+def _event(name: str, run_count: int | None = 1, tags: tuple[str, ...] = ("gpt2", "gpu", "preemptible")):
+    """An event shaped like the server's flow-run state-change events."""
+    resource = {"prefect.resource.id": f"prefect.flow-run.{uuid.uuid4()}", "prefect.resource.name": "gentle-gpt"}
+    if run_count is not None:
+        resource["prefect.run-count"] = str(run_count)
+    related = [{"prefect.resource.id": f"prefect.tag.{t}", "prefect.resource.role": "tag"} for t in tags]
+    return ReceivedEvent(occurred=datetime.now(timezone.utc), event=name, resource=resource, related=related,
+                         id=uuid.uuid4())
+
+
+def test_files_are_valid_automations_for_client_and_server():
+    specs = _specs()
+    assert set(specs) == {RESCHEDULE, ZOMBIE}
+    for spec in specs.values():
+        AutomationCore.model_validate(spec)
+        ServerAutomationCore.model_validate(spec)
+    reschedule = AutomationCore.model_validate(specs[RESCHEDULE]).actions[0]
+    assert (reschedule.type, reschedule.state, reschedule.name) == (
+        "change-flow-run-state", StateType.SCHEDULED, "AwaitingRetry")
+    assert AutomationCore.model_validate(specs[ZOMBIE]).actions[0].state == StateType.CRASHED
+
+
+def test_reschedule_covers_crashes_of_preemptible_runs_up_to_the_cap():
+    trigger = _trigger(RESCHEDULE)
+    assert [trigger.covers(_event("prefect.flow-run.Crashed", n)) for n in range(5)] == [
+        False, True, True, True, False]  # 0: never ran; 4: past the default cap of 3
+    assert not trigger.covers(_event("prefect.flow-run.Crashed", tags=("gpt2",)))
+    assert not trigger.covers(_event("prefect.flow-run.Failed"))  # a bug is not a preemption
+
+
+def test_cap_is_a_setting():
+    assert [_trigger(RESCHEDULE, 5).covers(_event("prefect.flow-run.Crashed", n)) for n in (5, 6)] == [True, False]
+    off = _specs(0)[RESCHEDULE]
+    assert not off["enabled"] and not _trigger(RESCHEDULE, 0).covers(_event("prefect.flow-run.Crashed", 1))
+    with pytest.raises(ValueError):
+        stack_assets.automations(-1)
+
+
+def test_zombie_watch_covers_heartbeats_of_gpu_runs_only():
+    trigger = _trigger(ZOMBIE)
+    assert trigger.posture == "Proactive" and trigger.for_each == {"prefect.resource.id"}
+    assert trigger.starts_after("prefect.flow-run.heartbeat")
+    assert trigger.covers(_event("prefect.flow-run.heartbeat", None))
+    assert not trigger.covers(_event("prefect.flow-run.heartbeat", None, tags=("gpt2",)))
+    assert trigger.expects("prefect.flow-run.Completed") and trigger.expects("prefect.flow-run.AwaitingRetry")
+    # Three missed beats at the heartbeat period the GPU pools set.
+    assert trigger.within.total_seconds() == 3 * stack_assets.GPU_HEARTBEAT_S
+
+
+def _wait_state(client, run_id, until, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = client.read_flow_run(run_id)
+        if until(run.state):
+            return run
+        time.sleep(0.5)
+    return client.read_flow_run(run_id)
+
+
+def _run_then_crash(client, run_id) -> None:
+    client.set_flow_run_state(run_id, Pending())
+    client.set_flow_run_state(run_id, Running())
+    client.set_flow_run_state(run_id, Crashed(message="process exited with -9"))
+
+
+def test_real_server_reschedules_a_crashed_preemptible_run_until_the_cap(prefect_server):
+    from prefect import flow
+
+    @flow(name="gpt2-automation-probe")
+    def probe() -> None: ...
+
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(RESCHEDULE):
+            client.delete_automation(old.id)
+        automation_id = client.create_automation(AutomationCore.model_validate(_specs(1)[RESCHEDULE]))
+        try:
+            # Prefect only reschedules runs of a deployment (a worker must be able to pick it up).
+            deployment_id = client.create_deployment(client.create_flow(probe), "probe")
+            untagged = client.create_flow_run_from_deployment(deployment_id, tags=["gpt2"])
+            run = client.create_flow_run_from_deployment(deployment_id, tags=["gpt2", "gpu", "preemptible"])
+            time.sleep(2)  # let the automation load before the first event
+            _run_then_crash(client, untagged.id)
+            _run_then_crash(client, run.id)
+            first = _wait_state(client, run.id, lambda s: s.type == StateType.SCHEDULED, 30)
+            assert (first.state.name, first.run_count) == ("AwaitingRetry", 1)
+            _run_then_crash(client, run.id)  # second crash: past the cap of 1
+            last = _wait_state(client, run.id, lambda s: s.type != StateType.CRASHED, 10)
+            assert (last.state.type, last.run_count) == (StateType.CRASHED, 2)
+            assert client.read_flow_run(untagged.id).state.type == StateType.CRASHED
+        finally:
+            client.delete_automation(automation_id)

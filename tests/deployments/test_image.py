@@ -1,0 +1,42 @@
+"""deployments/Dockerfile cannot be built on machines without a container
+engine; check what it promises against the files it relies on."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+from packaging.requirements import Requirement
+
+from cli import stack_assets
+
+# Continuation lines joined, so each instruction is one line.
+DOCKERFILE = re.sub(r"\\\n\s*", " ", (stack_assets.DEPLOYMENTS_DIR / "Dockerfile").read_text())
+PYPROJECT = tomllib.loads((stack_assets.PROJECT_DIR / "pyproject.toml").read_text())
+
+
+def _instruction(name: str) -> list[str]:
+    return re.findall(rf"^{name}\s+(.+)$", DOCKERFILE, flags=re.MULTILINE)
+
+
+def test_base_image_torch_satisfies_the_project():
+    (base,) = _instruction("FROM")
+    match = re.fullmatch(r"pytorch/pytorch:(\d+\.\d+\.\d+)-cuda[\d.]+-cudnn\d+-runtime", base.strip())
+    assert match, f"expected a pinned CUDA runtime PyTorch image, got {base}"
+    torch = next(Requirement(d) for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch"))
+    assert torch.specifier.contains(match.group(1)), "pip would replace the image's CUDA torch"
+
+
+def test_code_dir_is_where_the_pull_step_goes():
+    (workdir,) = _instruction("WORKDIR")
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(_instruction("ENV"))))
+    assert env[stack_assets.PROJECT_DIR_ENV] == workdir.strip()
+    (directory,) = [s["prefect.deployments.steps.set_working_directory"]["directory"] for s in stack_assets.pull_steps()]
+    assert directory.replace(" ", "") == "{{$" + stack_assets.PROJECT_DIR_ENV + "}}"
+
+
+def test_installs_the_project_with_its_gcs_extra():
+    assert any('pip install -e ".[gcs]"' in run for run in _instruction("RUN"))
+    assert "gcs" in PYPROJECT["project"]["optional-dependencies"]
+    ignored = (stack_assets.DEPLOYMENTS_DIR / "Dockerfile.dockerignore").read_text().split()
+    assert {".venv", "artifacts", ".git"} <= set(ignored)

@@ -1,0 +1,124 @@
+"""Base job templates in deployments/pools/: accepted by a real Prefect server
+and rendered by each worker type's own job configuration into the job it
+would submit (Kubernetes and Vertex AI through prefect-kubernetes / prefect-gcp)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import FlowRun
+from prefect.settings import Settings
+from prefect.utilities.schema_tools import ValidationError, validate
+from prefect.workers.process import ProcessJobConfiguration, ProcessWorker
+
+from cli import stack_assets
+
+TEMPLATES = {"process-cpu": "process", "process-gpu": "process", "kubernetes-gpu": "kubernetes",
+             "vertex-gpu": "vertex-ai"}
+HEARTBEAT = {stack_assets.HEARTBEAT_ENV: str(stack_assets.GPU_HEARTBEAT_S)}
+
+
+def _render(config_cls, template: dict, values: dict):
+    config = asyncio.run(config_cls.from_template_and_values(template, values))
+    config.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="gentle-gpt"))
+    return config
+
+
+@pytest.mark.parametrize("name,pool_type", TEMPLATES.items())
+def test_server_accepts_template(prefect_server, name, pool_type):
+    pool = f"test-{name}-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type=pool_type,
+                                               base_job_template=stack_assets.pool_template(name)))
+        try:
+            stored = client.read_work_pool(pool).base_job_template
+        finally:
+            client.delete_work_pool(pool)
+    assert stored == stack_assets.pool_template(name)
+
+
+def test_server_rejects_a_template_with_an_undeclared_variable(prefect_server):
+    # The same check the templates above pass: a placeholder needs a variable.
+    bad = stack_assets.pool_template("process-gpu")
+    del bad["variables"]["properties"]["working_dir"]
+    with pytest.raises(Exception, match="working_dir"):
+        with get_client(sync_client=True) as client:
+            client.create_work_pool(WorkPoolCreate(name="test-bad", type="process", base_job_template=bad))
+
+
+def test_process_templates_have_the_process_worker_shape(prefect_server):
+    default = ProcessWorker.get_default_base_job_template()
+    assert stack_assets.pool_template("process-cpu") == default
+    gpu = stack_assets.pool_template("process-gpu")
+    assert gpu["job_configuration"] == default["job_configuration"]
+    assert set(gpu["variables"]["properties"]) == set(default["variables"]["properties"])
+    assert _render(ProcessJobConfiguration, gpu, {}).env.items() >= HEARTBEAT.items()
+    assert stack_assets.HEARTBEAT_ENV not in _render(ProcessJobConfiguration, default, {}).env
+
+
+def test_heartbeat_variable_is_the_setting_prefect_reads(monkeypatch):
+    monkeypatch.setenv(stack_assets.HEARTBEAT_ENV, "30")
+    assert Settings().flows.heartbeat_frequency == 30
+
+
+def test_kubernetes_job_is_a_spot_gpu_job_never_retried_by_kubernetes(prefect_server):
+    worker = pytest.importorskip("prefect_kubernetes.worker")
+
+    config = _render(worker.KubernetesWorkerJobConfiguration, stack_assets.pool_template("kubernetes-gpu"),
+                     {"image": "registry.example/gpt2:1", "gpu_count": 4})
+    spec = config.job_manifest["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert spec["backoffLimit"] == 0
+    assert container["image"] == "registry.example/gpt2:1"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "cloud.google.com/gke-spot"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env.items() >= HEARTBEAT.items()
+    # backoffLimit 0 is what makes the worker tell the run to reschedule itself on SIGTERM (eviction).
+    assert env["PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR"] == "reschedule"
+
+
+def test_kubernetes_template_requires_an_image():
+    # The image built from deployments/Dockerfile: Prefect's stock image lacks our code.
+    variables = stack_assets.pool_template("kubernetes-gpu")["variables"]
+    with pytest.raises(ValidationError, match="image"):
+        validate({}, variables, raise_on_error=True)
+    validate({"image": "registry.example/gpt2:1"}, variables, raise_on_error=True)
+
+
+def _service_account(tmp_path) -> str:
+    """A syntactically real service-account key (fresh RSA key, fake project) so
+    google-auth builds credentials offline; nothing is ever sent with it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path = tmp_path / "sa.json"
+    path.write_text(json.dumps({
+        "type": "service_account", "project_id": "demo-project", "private_key_id": "k1", "private_key": pem,
+        "client_email": "gpt2@demo-project.iam.gserviceaccount.com", "client_id": "1",
+        "token_uri": "https://oauth2.googleapis.com/token"}))
+    return str(path)
+
+
+def test_vertex_job_is_a_spot_accelerator_job_never_retried_by_vertex(prefect_server, tmp_path, monkeypatch):
+    vertex = pytest.importorskip("prefect_gcp.workers.vertex")
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", _service_account(tmp_path))
+    config = _render(vertex.VertexAIWorkerJobConfiguration, stack_assets.pool_template("vertex-gpu"),
+                     {"image": "registry.example/gpt2:1", "region": "us-central1", "accelerator_count": 2})
+    pool_spec = config.job_spec["worker_pool_specs"][0]
+    assert pool_spec["machine_spec"] == {"accelerator_type": "NVIDIA_L4", "accelerator_count": 2,
+                                         "machine_type": "g2-standard-12"}
+    assert pool_spec["container_spec"]["image_uri"] == "registry.example/gpt2:1"
+    assert config.job_spec["scheduling"] == {"strategy": "SPOT", "disable_retries": True}
+    assert config.env.items() >= HEARTBEAT.items()

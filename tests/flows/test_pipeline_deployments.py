@@ -1,0 +1,190 @@
+"""The whole architecture on loopback (issue 5's end-to-end test): `gpt2 stack
+up` (Prefect server, MLflow server, a cpu and a gpu process worker), then
+`prefect deployment run gpt2/full-pipeline`:
+
+1. the smoke pipeline completes, every stage on its pool's deployment;
+2. a second pipeline (another training identity) whose training process is
+   SIGKILLed mid-training: the automation reschedules it, it resumes from its
+   checkpoint, the parent waits and completes, MLflow has one training run
+   whose steps continue, plus evaluation, export and a registered model version;
+3. a repeat of the first run completes with every data task Cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.cli.stack_fixtures import clean_env, gpt2, last_json
+
+pytestmark = pytest.mark.slow
+
+PIPELINE_TIMEOUT_S = 900  # ~3 min on an idle 2-core machine; CI machines are busier
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    base = tmp_path_factory.mktemp("stack")
+    env = clean_env(base / "home")
+    info = last_json(gpt2(env, base, "stack", "up", "--root", str(base / "root"), "--json"))
+    assert info["healthy"], info
+    yield {**info, "env": env, "base": base}
+    gpt2(env, base, "stack", "down", check=False)
+
+
+def overrides(stack, **extra) -> dict:
+    return {"runtime.root": stack["root"], "runtime.work_dir": str(stack["base"] / "work"), **extra}
+
+
+def deployment_run(stack, params: dict) -> str:
+    """`prefect deployment run gpt2/full-pipeline` as a user types it; returns the flow run id."""
+    args = ["deployment", "run", "gpt2/full-pipeline", "--param", "preset=smoke",
+            "--param", f"overrides={json.dumps(params)}"]
+    done = subprocess.run([sys.executable, "-m", "prefect", *args], env=stack["env"], cwd=stack["base"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
+
+
+def client(stack):
+    from cli.stack_prefect import client as stack_client
+
+    return stack_client(stack["prefect_api_url"])
+
+
+def wait_final(stack, run_id: str, timeout: float = PIPELINE_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with client(stack) as c:
+            run = c.read_flow_run(run_id)
+        if run.state.is_final():
+            return run
+        time.sleep(3)
+    raise AssertionError(f"flow run {run_id} still {run.state.name} after {timeout:.0f} s; "
+                         f"logs in {stack['state_dir']}/logs")
+
+
+def child(stack, parent_id: str, stage_deployment: str, timeout: float = 0):
+    """The stage flow run the parent started (its idempotency key names the parent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with client(stack) as c:
+            dep = c.read_deployment_by_name(stage_deployment)
+            runs = [r for r in c.read_flow_runs(limit=200) if r.deployment_id == dep.id
+                    and (r.idempotency_key or "").startswith(parent_id)]
+        if runs or time.monotonic() >= deadline:
+            assert len(runs) == 1, f"{len(runs)} runs of {stage_deployment} for parent {parent_id}"
+            return runs[0]
+        time.sleep(1)
+
+
+def assert_completed(stack, run, what: str) -> None:
+    assert run.state.is_completed(), (
+        f"{what} ended {run.state.name}: {run.state.message}; logs in {stack['state_dir']}/logs")
+
+
+def test_first_run_completes_on_the_pools(stack):
+    parent = wait_final(stack, deployment_run(stack, overrides(stack)))
+    assert_completed(stack, parent, "the pipeline")
+    pools = {}
+    for dep in ("gpt2-data/data", "gpt2-train/train", "gpt2-eval/evaluate", "gpt2-export/export"):
+        run = child(stack, str(parent.id), dep)
+        assert_completed(stack, run, dep)
+        pools[dep] = run.work_pool_name
+    assert pools == {"gpt2-data/data": "cpu", "gpt2-train/train": "gpu", "gpt2-eval/evaluate": "gpu",
+                     "gpt2-export/export": "cpu"}
+    stack["first"] = str(parent.id)
+
+
+def _training_process(stack, run_id: str, timeout: float) -> psutil.Process:
+    """The flow-run process the gpu worker started for this run (its recorded infrastructure pid)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with client(stack) as c:
+            run = c.read_flow_run(run_id)
+        if run.state.is_running() and run.infrastructure_pid:
+            proc = psutil.Process(int(run.infrastructure_pid.rsplit(":", 1)[-1]))  # "[host:]pid"
+            assert proc.environ().get("PREFECT__FLOW_RUN_ID") == run_id
+            return proc
+        time.sleep(0.5)
+    raise AssertionError(f"training run {run_id} never ran")
+
+
+def _wait_checkpoint(config, proc: psutil.Process, timeout: float) -> int:
+    from gpt2 import checkpoint
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = checkpoint.latest_checkpoint(config)
+        if latest:
+            return int(latest.rsplit("_", 1)[1])
+        assert proc.is_running(), "training ended before its first checkpoint"
+        time.sleep(0.3)
+    raise AssertionError("no checkpoint written")
+
+
+def test_killed_training_is_rescheduled_and_resumes(stack):
+    from mlflow import MlflowClient
+
+    from flows.stages import results_url
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 1e-3})  # a new training identity: nothing cached
+    config = resolve_config("smoke", params)
+    parent_id = deployment_run(stack, params)
+    train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
+    proc = _training_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    killed_after = _wait_checkpoint(config, proc, timeout=PIPELINE_TIMEOUT_S)
+    assert killed_after < config.train.max_steps
+    os.kill(proc.pid, signal.SIGKILL)
+
+    parent = wait_final(stack, parent_id)
+    assert_completed(stack, parent, "the pipeline after a killed training run")
+    with client(stack) as c:
+        train = c.read_flow_run(train.id)
+        history = [s.name for s in c.read_flow_run_states(train.id)]
+    assert_completed(stack, train, "the training run")
+    assert train.run_count == 2 and "Crashed" in history and "AwaitingRetry" in history, history
+    from gpt2 import storage
+
+    result = storage.read_json(results_url(config, str(train.id)))
+    assert killed_after <= result["resumed_from_step"] < config.train.max_steps  # from a checkpoint, not 0
+
+    mlflow = MlflowClient(tracking_uri=stack["mlflow_url"])
+    runs = mlflow.search_runs(experiment_ids=[mlflow.get_experiment_by_name(config.tracking.experiment).experiment_id],
+                              filter_string=f"tags.`prefect.flow_run_id` = '{train.id}'")
+    assert len(runs) == 1, "one training run, reopened after the reschedule"
+    losses = mlflow.get_metric_history(runs[0].info.run_id, "train/loss")
+    steps = [m.step for m in losses]
+    assert steps.count(1) == 1 and max(steps) == config.train.max_steps  # continued, not restarted
+    assert set(range(1, config.train.max_steps + 1)) <= set(steps)
+    stage_runs = {s: child(stack, parent_id, d) for s, d in (("evaluate", "gpt2-eval/evaluate"),
+                                                              ("export", "gpt2-export/export"))}
+    found = {}
+    for stage, run in stage_runs.items():
+        found[stage] = mlflow.search_runs(experiment_ids=[runs[0].info.experiment_id],
+                                          filter_string=f"tags.`prefect.flow_run_id` = '{run.id}'")
+        assert len(found[stage]) == 1 and found[stage][0].data.tags.get("stage") == stage
+    versions = mlflow.search_model_versions(f"name = '{config.export.registered_model}'")
+    assert any(v.run_id == found["export"][0].info.run_id for v in versions)
+
+
+def test_repeat_of_the_first_run_finds_every_data_task_cached(stack):
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    assert "first" in stack, "needs test_first_run_completes_on_the_pools"
+    parent = wait_final(stack, deployment_run(stack, overrides(stack)))
+    assert_completed(stack, parent, "the repeated pipeline")
+    data = child(stack, str(parent.id), "gpt2-data/data")
+    with client(stack) as c:
+        tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[data.id])))
+    names = {t.name.rsplit("-", 1)[0]: t.state.name for t in tasks}
+    assert names == {"download": "Cached", "tokenize": "Cached", "shard": "Cached", "upload": "Cached"}, names
