@@ -136,7 +136,10 @@ class ExportConfig(_Section):
 
 class TrackingConfig(_Section):
     uri: str | None = None
-    """MLflow tracking URI; None uses a local SQLite store under the artifact root."""
+    """MLflow tracking URI; None uses $MLFLOW_TRACKING_URI when set (the stack's
+    workers get it), else a local SQLite store under the artifact root."""
+    enabled: bool = True
+    """Log to MLflow at all (off only for benchmarks and dry runs)."""
     experiment: str = "gpt2"
     """MLflow experiment name."""
 

@@ -56,7 +56,7 @@ def evaluate_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
     hub = cfg.hellaswag_source in HUB_SOURCES
     rows = load_rows(cfg.hellaswag_source, cfg.limit)
     native = score_items(model, [Item.from_row(r) for r in rows], device, cfg.batch_size)
-    work_dir = Path(config.runtime.work_dir or Path.home() / ".cache" / "gpt2-pipeline")
+    work_dir = config.runtime.work_root
     lm = run_hellaswag(GPTLM(model, device, batch_size=4 * cfg.batch_size), None if hub else rows, work_dir, limit=cfg.limit)
     check = parity(native, lm["picks"])
     if not check["agree"]:

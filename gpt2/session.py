@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpt2 import checkpoint, memory
 from gpt2.config import Config
-from gpt2.data.loader import ShardSource, TrainLoader, default_work_dir, val_batches
+from gpt2.data.loader import ShardSource, TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest, manifest_url
 from gpt2.distributed import DistEnv, amp_dtype, barrier
 from gpt2.identity import train_fingerprint
@@ -140,7 +140,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     if env.is_distributed:
         model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
 
-    source = ShardSource(url, manifest, default_work_dir(config.runtime.work_dir), env)
+    source = ShardSource(url, manifest, config.runtime.work_root, env)
     loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
     if ckpt and "loader" in ckpt.state:
         loader.load_state_dict(ckpt.state["loader"])

@@ -14,6 +14,7 @@ resumes the same MLflow run, so a resumed training run's curves continue.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -33,17 +34,16 @@ MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_CHARS = 6000
 
 
-def work_dir(config: Config) -> Path:
-    return Path(config.runtime.work_dir or Path.home() / ".cache" / "gpt2-pipeline").expanduser()
-
-
 def default_tracking_uri(config: Config) -> str:
-    """`tracking.uri`, else a SQLite store beside a local root, else one in the work dir."""
+    """`tracking.uri`, else $MLFLOW_TRACKING_URI, else a SQLite store beside a
+    local root, else one in the work dir."""
     if config.tracking.uri:
         return config.tracking.uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
     root = storage.normalize_url(config.runtime.root)
     # By scheme, not via fsspec: instantiating a cloud filesystem may probe for credentials.
-    base = Path(root[len("file://"):]) if root.startswith("file://") else work_dir(config)
+    base = Path(root[len("file://"):]) if root.startswith("file://") else config.runtime.work_root
     return f"sqlite:///{base / 'mlflow.db'}"
 
 
@@ -53,7 +53,7 @@ def artifact_location(config: Config) -> str:
     root = storage.normalize_url(config.runtime.root)
     if root.split("://", 1)[0] in ("file", "gs", "s3"):
         return storage.join(root, "mlflow-artifacts")
-    return (work_dir(config) / "mlflow-artifacts").as_uri()
+    return (config.runtime.work_root / "mlflow-artifacts").as_uri()
 
 
 def metric_name(key: str) -> str:
@@ -85,6 +85,7 @@ class Tracker:
                  enabled: bool = True, system_metrics: bool = False,
                  flush_interval_s: float = 5.0, connect_timeout_s: float = 10.0,
                  close_timeout_s: float = 30.0):
+        enabled = enabled and config.tracking.enabled
         self.enabled, self.run_id, self.run_name = enabled, run_id, run_name
         self.uri = default_tracking_uri(config)
         self._experiment, self._artifacts = config.tracking.experiment, artifact_location(config)

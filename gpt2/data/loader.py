@@ -39,9 +39,6 @@ class LoaderPosition:
     epoch: int = 0
 
 
-def default_work_dir(work_dir: str | None) -> Path:
-    return Path(work_dir or Path.home() / ".cache" / "gpt2-pipeline").expanduser()
-
 
 class ShardSource:
     """Token arrays of a manifest's shards, local or cached from a remote root."""
