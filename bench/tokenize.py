@@ -253,6 +253,9 @@ def report(a: dict, b: dict, c: dict, workers: int) -> None:
           f"   a/c = {a['rate'] / c['rate']:.2f} (target >= 0.9)   a/ceiling = {a['rate'] / c['ceiling']:.2f}")
     print(f"end to end (start-up included):   a/b = {a['e2e_rate'] / b['e2e_rate']:.2f}"
           f"   a/c = {a['e2e_rate'] / c['rate']:.2f}")
+    # Other load on the machine lowers every rate and the ceiling; say how much there was.
+    print("start-up: first round (cold imports); rates: best round.  load average now: "
+          + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     if not a["tokens"] == b["tokens"] == c["tokens"]:
         raise SystemExit(f"token counts differ: a={a['tokens']:,} b={b['tokens']:,} c={c['tokens']:,}")
 
@@ -274,7 +277,8 @@ def main() -> None:
             build_corpus(corpus, args.mb)
             print(f"built the corpus in {time.perf_counter() - t:.1f}s")
         docs = sum(1 for _ in open(corpus, "rb"))
-        print(f"corpus: {corpus.stat().st_size / 1e6:.1f} MB, {docs:,} documents", flush=True)
+        print(f"corpus: {corpus.stat().st_size / 1e6:.1f} MB, {docs:,} documents; load average "
+              + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
         a, b, c = measure(corpus, tmp, workers, args.repeat)
     report(a, b, c, workers)
 

@@ -273,7 +273,9 @@ def split_sizes(config: Config, total: int) -> list[tuple[str, int]]:
 
 def _read_stream(tok: Tokenized) -> Iterator[np.ndarray]:
     for name in tok.parts:
-        yield np.fromfile(Path(tok.directory) / name, dtype=np.uint16)
+        path = Path(tok.directory) / name
+        if path.stat().st_size:  # mapped, not read: shards are written from views of the parts
+            yield np.memmap(path, dtype=np.uint16, mode="r")
 
 
 def shard_tokens(config: Config, tok: Tokenized) -> LocalShards:
@@ -286,20 +288,21 @@ def shard_tokens(config: Config, tok: Tokenized) -> LocalShards:
         if local_shards_ok(done):
             return done
         done_file.unlink()
-    stream, buf = _read_stream(tok), np.empty(0, dtype=np.uint16)
+    stream, rest = _read_stream(tok), []
     entries = []
     for index, (split, n) in enumerate(split_sizes(config, tok.tokens)):
-        pieces, have = [buf], len(buf)
+        # Views into the mapped parts, never a concatenated copy (which, with
+        # shards smaller than a part, also recopied the part's rest per shard).
+        pieces, have = rest, sum(len(p) for p in rest)
         while have < n:
-            nxt = next(stream)
-            pieces.append(nxt)
-            have += len(nxt)
-        data = np.concatenate(pieces)
-        chunk, buf = data[:n], data[n:]
+            pieces.append(next(stream))
+            have += len(pieces[-1])
+        cut = len(pieces[-1]) - (have - n)
+        pieces, rest = pieces[:-1] + [pieces[-1][:cut]], [pieces[-1][cut:]] if have > n else []
         name = f"{config.data.name}_{split}_{index:06d}.bin"
         tmp = directory / f".{name}.tmp"
         with open(tmp, "wb") as f:
-            sha = write_shard(f, chunk)
+            sha = write_shard(f, pieces)
         os.replace(tmp, directory / name)
         entries.append(ShardEntry(path=name, split=split, tokens=n, bytes=(directory / name).stat().st_size, sha256=sha))
     result = LocalShards(directory=str(directory), shards=entries, documents=tok.documents)

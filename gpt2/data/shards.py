@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
 import numpy as np
 
@@ -46,11 +46,16 @@ def parse_header(raw: bytes, name: str) -> int:
     return int(header[2])
 
 
-def write_shard(f: BinaryIO, tokens: np.ndarray) -> str:
-    """Write header + tokens to an open binary file; returns the sha256 of the bytes."""
-    tokens = np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE)
+def write_shard(f: BinaryIO, tokens: np.ndarray | Sequence[np.ndarray]) -> str:
+    """Write header + tokens to an open binary file; returns the sha256 of the bytes.
+
+    `tokens` may be a list of arrays (views into larger ones) written back to
+    back, so a shard spanning several inputs is never concatenated in memory.
+    """
+    pieces = [tokens] if isinstance(tokens, np.ndarray) else list(tokens)
+    pieces = [np.ascontiguousarray(p, dtype=TOKEN_DTYPE) for p in pieces]
     digest = hashlib.sha256()
-    for chunk in (make_header(len(tokens)), tokens.tobytes()):
+    for chunk in [make_header(sum(len(p) for p in pieces)), *(memoryview(p).cast("B") for p in pieces)]:
         f.write(chunk)
         digest.update(chunk)
     return digest.hexdigest()
