@@ -8,10 +8,13 @@ logs into the tracker's run.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from gpt2.config import Config
 from gpt2.tracking import Tracker, default_tracking_uri
+
+log = logging.getLogger(__name__)
 
 # Listing them skips MLflow's slow requirement inference.
 PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
@@ -51,5 +54,7 @@ def model_version_exists(config: Config, name: str, version: int) -> bool:
     try:
         MlflowClient(tracking_uri=default_tracking_uri(config)).get_model_version(name, str(version))
         return True
-    except MlflowException:
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            log.warning("could not look up %s version %s (%s); registering again", name, version, err)
         return False
