@@ -58,3 +58,40 @@ def prefect_env() -> None:
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors caused by input or environment, each with a message naming the bad
+    thing and what to do: shown as one line, not a traceback."""
+    from gpt2.checkpoint import CheckpointError
+    from gpt2.checkpoint_ref import CheckpointNotFound
+    from gpt2.data.prepare import EmptyCorpusError
+    from gpt2.data.shards import ShardError
+    from gpt2.data.sources import SourceError
+    from gpt2.export.writer import ExportError
+    from gpt2.hellaswag.items import HellaSwagDataError
+    from gpt2.session import TrainingError
+    from gpt2.storage import StorageError
+
+    return (SourceError, EmptyCorpusError, ShardError, StorageError, FileNotFoundError, TrainingError,
+            CheckpointError, CheckpointNotFound, HellaSwagDataError, ExportError)
+
+
+def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Optional[str],
+             **kwargs: Any) -> tuple[Config, dict[str, Any]]:
+    """Resolve the config (exit 2 listing every problem), then run the flow at
+    `module:function` in this process; a user error exits 1 with its message."""
+    import importlib
+
+    from gpt2.overrides import parse_assignments
+
+    config = load_config(preset, sets, root)
+    setup_logging()
+    prefect_env()
+    module, name = entrypoint.split(":")
+    flow_fn = getattr(importlib.import_module(module), name)
+    overrides, _ = parse_assignments(sets or [])
+    try:
+        return config, flow_fn(preset=preset, overrides=overrides, root=config.runtime.root, **kwargs)
+    except user_errors() as err:
+        fail(str(err))

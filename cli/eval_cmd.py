@@ -7,33 +7,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
-from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, prefect_env, setup_logging
+from cli.common import (
+    JsonOpt,
+    PresetOpt,
+    RootOpt,
+    SetOpt,
+    emit,
+    run_flow,
+)
 
 CheckpointOpt = typer.Option(
     "latest", "--checkpoint", help="A checkpoint directory URL, or `latest`: the newest complete one of the preset's run."
 )
 
 EVAL_KEYS = ("hellaswag", "mlflow_run_id", "native", "parity", "source", "benchmark", "checkpoint", "step", "result_url", "cached")
-
-
-def _overrides(sets: Optional[list[str]]) -> dict[str, Any]:
-    from gpt2.overrides import parse_assignments
-
-    return parse_assignments(sets or [])[0]  # already validated by load_config
-
-
-def _stage_errors() -> tuple[type[Exception], ...]:
-    from gpt2.checkpoint import CheckpointError
-    from gpt2.checkpoint_ref import CheckpointNotFound
-    from gpt2.export.writer import ExportError
-    from gpt2.hellaswag.items import HellaSwagDataError
-    from gpt2.storage import StorageError
-
-    return (CheckpointNotFound, CheckpointError, HellaSwagDataError, ExportError, StorageError)
 
 
 def evaluate(
@@ -44,15 +35,7 @@ def evaluate(
     as_json: bool = JsonOpt,
 ) -> None:
     """HellaSwag of a checkpoint with lm-eval, checked against the native scorer (cached)."""
-    config = load_config(preset, sets, root)
-    setup_logging()
-    prefect_env()
-    from flows.evaluate import eval_flow
-
-    try:
-        result = eval_flow(preset=preset, overrides=_overrides(sets), root=config.runtime.root, checkpoint=checkpoint)
-    except _stage_errors() as err:
-        fail(str(err))
+    _, result = run_flow("flows.evaluate:eval_flow", preset, sets, root, checkpoint=checkpoint)
     out = {k: result.get(k) for k in EVAL_KEYS}
     h = out["hellaswag"]
     emit(
@@ -73,15 +56,7 @@ def export(
     as_json: bool = JsonOpt,
 ) -> None:
     """Export a checkpoint as a Hugging Face directory and llm.c files; register the HF model in MLflow (cached)."""
-    config = load_config(preset, sets, root)
-    setup_logging()
-    prefect_env()
-    from flows.export import export_flow
-
-    try:
-        result = export_flow(preset=preset, overrides=_overrides(sets), root=config.runtime.root, checkpoint=checkpoint)
-    except _stage_errors() as err:
-        fail(str(err))
+    _, result = run_flow("flows.export:export_flow", preset, sets, root, checkpoint=checkpoint)
     emit(
         result,
         as_json,

@@ -54,7 +54,7 @@ def where_things_are(config, result: dict[str, Any]) -> str:
         f"  HellaSwag:        acc {hs.get('acc')}  acc_norm {hs.get('acc_norm')}  (n={hs.get('n')})",
         f"  checkpoint:       {result['checkpoint']}",
         f"  Hugging Face dir: {result['hf_dir']}",
-        f"      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",
+        "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",
         f"  llm.c model:      {result['llmc_bin']}",
         f"  MLflow run:       {result['mlflow_run_id']} (registered model {result['registered_model']} "
         f"v{result['model_version']})",

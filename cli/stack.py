@@ -12,6 +12,7 @@ databases, so the next `up` shows earlier runs.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -87,7 +88,10 @@ def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
     state["prefect_ui_url"] = f"http://127.0.0.1:{port}"
     state["prefect_api_url"] = f"http://127.0.0.1:{port}/api"
     state["mlflow_url"] = f"http://127.0.0.1:{mport}"
-    server_env = {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}"}
+    server_env = {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}",
+                  # SQLite serializes writers; on a busy machine the default 10 s wait
+                  # loses event messages (and with them automation firings).
+                  "PREFECT_API_DATABASE_TIMEOUT": "60"}
     state["processes"].append(processes.start(
         "server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         server_env, state_dir, logs))
@@ -103,12 +107,12 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
                   stack_assets.PROJECT_DIR_ENV: str(stack_assets.PROJECT_DIR),
                   "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
     for pool in stack_assets.LOCAL_POOLS:
-        extra, limit = {}, []
-        if pool == "gpu":
-            # One accelerator: one run at a time; heartbeats for zombie detection.
-            extra, limit = {stack_assets.HEARTBEAT_ENV: str(stack_assets.GPU_HEARTBEAT_S)}, ["--limit", "1"]
+        # GPU runs send heartbeats for zombie detection. (No `--limit` here: in
+        # Prefect 3.8 a worker with a limit dies when a crashed run it still
+        # counts comes back rescheduled; the gpu pool's own limit serves instead.)
+        extra = {stack_assets.HEARTBEAT_ENV: str(stack_assets.GPU_HEARTBEAT_S)} if pool == "gpu" else {}
         cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
-               "--name", f"gpt2-{pool}", *limit]
+               "--name", f"gpt2-{pool}"]
         state["processes"].append(processes.start(f"worker-{pool}", cmd, {**worker_env, **extra},
                                                   stack_assets.PROJECT_DIR, state_dir / "logs"))
 
@@ -134,19 +138,26 @@ def up(state_dir: Path, root: str | None = None, max_reschedules: int = stack_as
     `root` is the artifact root whose MLflow store the server serves (default:
     where the deployments write by default); runs with another
     `runtime.root` log to that root's own store."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second `up` at the same time waits, then finds this stack
+        existing = read_state(state_dir)
+        if existing and status(state_dir)["healthy"]:
+            say("the stack is already up")
+            return {**existing, "already_up": True}
+        if existing:
+            say("stopping the leftovers of an earlier stack")
+            down(state_dir)
+        return _start(state_dir, root, max_reschedules, say)
+
+
+def _start(state_dir: Path, root: str | None, max_reschedules: int, say: Callable[[str], None]) -> dict[str, Any]:
     from gpt2 import storage
 
-    existing = read_state(state_dir)
-    if existing and status(state_dir)["healthy"]:
-        say("the stack is already up")
-        return {**existing, "already_up": True}
-    if existing:
-        say("stopping the leftovers of an earlier stack")
-        down(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(), "project_dir": str(stack_assets.PROJECT_DIR),
-                             "state_dir": str(state_dir), "profile": stack_prefect.PROFILE,
-                             "previous_profile": stack_prefect.active_profile(), "processes": []}
+    state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(),
+                             "project_dir": str(stack_assets.PROJECT_DIR), "state_dir": str(state_dir),
+                             "profile": stack_prefect.PROFILE, "previous_profile": stack_prefect.active_profile(),
+                             "processes": []}
     try:
         _up(state, state_dir, max_reschedules, say)
     except BaseException:

@@ -22,6 +22,9 @@ PREFECT_YAML = PROJECT_DIR / "prefect.yaml"
 
 # Work pool name -> base job template the local stack creates it with.
 LOCAL_POOLS = {"cpu": "process-cpu", "gpu": "process-gpu"}
+# One local accelerator: one run on it at a time. The cpu pool runs the parent
+# next to its stages, so it has no limit.
+POOL_CONCURRENCY = {"gpu": 1}
 # The flow-run heartbeat period (s) on GPU pools; PREFECT_RUNNER_HEARTBEAT_FREQUENCY
 # is its legacy name. deployments/automations/zombie-runs.yaml assumes 30.
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"

@@ -27,8 +27,8 @@ app = typer.Typer(help="A local Prefect server, MLflow server and workers (the c
 
 StateDirOpt = typer.Option(None, "--state-dir", help="Where state, logs and databases live "
                            "(default $GPT2_STACK_DIR or ~/.cache/gpt2-pipeline/stack).")
-RootOpt = typer.Option(None, "--root", help="Artifact root whose MLflow store the server shows "
-                       "(default: the deployments' default root, ./artifacts of the project).")
+RootOpt = typer.Option(None, "--root", help="Artifact root whose MLflow store the server shows (default: the "
+                       "project's ./artifacts, where deployment runs write unless they set runtime.root).")
 ReschedulesOpt = typer.Option(DEFAULT_MAX_RESCHEDULES, "--max-reschedules", min=0,
                               help="How many times a crashed (preempted) GPU run is rescheduled; 0: never.")
 

@@ -65,7 +65,8 @@ def create_pools(api_url: str) -> None:
     with client(api_url) as c:
         for pool, template in stack_assets.LOCAL_POOLS.items():
             spec = WorkPoolCreate(name=pool, type="process", base_job_template=stack_assets.pool_template(template),
-                                  description=f"Local process pool `{pool}` (gpt2 stack)")
+                                  description=f"Local process pool `{pool}` (gpt2 stack)",
+                                  concurrency_limit=stack_assets.POOL_CONCURRENCY.get(pool))
             c.create_work_pool(spec, overwrite=True)
 
 

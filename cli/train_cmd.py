@@ -11,7 +11,17 @@ from typing import Optional
 
 import typer
 
-from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, prefect_env, setup_logging
+from cli.common import (
+    JsonOpt,
+    PresetOpt,
+    RootOpt,
+    SetOpt,
+    emit,
+    fail,
+    load_config,
+    run_flow,
+    setup_logging,
+)
 
 FreshOpt = typer.Option(False, "--fresh", help="Delete this run's checkpoints and start over (default: resume).")
 
@@ -42,17 +52,7 @@ def train(
     if not storage.exists(url):
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
              + _prepare_hint(preset, sets, root))
-    prefect_env()
-    from flows.train import train_flow
-    from gpt2.data.shards import ShardError
-    from gpt2.overrides import parse_assignments
-    from gpt2.session import TrainingError
-
-    overrides, _ = parse_assignments(sets or [])
-    try:
-        result = train_flow(preset=preset, overrides=overrides, root=config.runtime.root, fresh=fresh)
-    except (TrainingError, ShardError, FileNotFoundError) as err:
-        fail(str(err))
+    _, result = run_flow("flows.train:train_flow", preset, sets, root, fresh=fresh)
     val = result["final_val_loss"]
     summary = f"{'cached' if result.get('cached') else 'trained'}: {result['run_name']} at step {result['steps']}"
     if val is not None:

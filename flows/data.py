@@ -10,13 +10,13 @@ checked and only what is missing is rebuilt.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 
+from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import storage
 from gpt2.config import Config
@@ -98,15 +98,7 @@ def data_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, ro
 
 
 def main() -> None:
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="smoke")
-    parser.add_argument("--root", default=None)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    print(json.dumps(data_flow(args.preset, {}, args.root)))
+    flow_main(data_flow, __doc__)
 
 
 if __name__ == "__main__":

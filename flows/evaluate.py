@@ -10,11 +10,11 @@ Cached (and returns the same MLflow run id).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import storage
 from gpt2.checkpoint_ref import resolve_checkpoint
@@ -51,16 +51,7 @@ def eval_flow(
 
 
 def main() -> None:
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="smoke")
-    parser.add_argument("--root", default=None)
-    parser.add_argument("--checkpoint", default="latest")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    print(json.dumps(eval_flow(args.preset, {}, args.root, args.checkpoint), default=str))
+    flow_main(eval_flow, __doc__, checkpoint="latest")
 
 
 if __name__ == "__main__":

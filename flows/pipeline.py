@@ -13,13 +13,13 @@ does what is missing.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
 from flows.data import data_flow
+from flows.entry import flow_main
 from flows.evaluate import eval_flow
 from flows.export import export_flow
 from flows.stages import run_stage_deployment
@@ -102,14 +102,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
 
 
 def main() -> None:
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="smoke")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    print(json.dumps(pipeline_flow(args.preset, {}), default=str))
+    flow_main(pipeline_flow, __doc__)
 
 
 if __name__ == "__main__":

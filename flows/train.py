@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import checkpoint, storage
 from gpt2.config import Config
@@ -67,17 +68,7 @@ def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, r
 
 
 def main() -> None:
-    import argparse
-    import json
-    import logging
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="smoke")
-    parser.add_argument("--root", default=None)
-    parser.add_argument("--fresh", action="store_true")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    print(json.dumps(train_flow(args.preset, {}, args.root, args.fresh)))
+    flow_main(train_flow, __doc__, fresh=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ both scorers picked the same ending on every item.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Sequence
 
 from gpt2 import storage

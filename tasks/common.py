@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from pathlib import Path
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, Callable
 
 from prefect.filesystems import RemoteFileSystem

@@ -15,6 +15,7 @@ from gpt2.data.sources import SourceFiles
 from gpt2.identity import data_step_fingerprint
 from tasks.common import ProgressArtifact, identity_cache_key
 
+
 def step_key(step: str):
     return identity_cache_key(step, lambda config: data_step_fingerprint(config, step))
 

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -85,6 +85,16 @@ def tokenized_ok(tok: Tokenized) -> bool:
 def local_shards_ok(local: LocalShards) -> bool:
     d = Path(local.directory)
     return all((d / e.path).is_file() and (d / e.path).stat().st_size == e.bytes for e in local.shards)
+
+
+def _reuse(done_file: Path, model: type[BaseModel], ok: Callable[[Any], bool]) -> Any:
+    """A step's completion record, if its files are all still there."""
+    if done_file.exists():
+        done = model.model_validate_json(done_file.read_text())
+        if ok(done):
+            return done
+        done_file.unlink()
+    return None
 
 
 # --- 1. download ----------------------------------------------------------
@@ -185,11 +195,8 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
     directory = work_dir(config, "tokenize")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / "done.json"
-    if done_file.exists():
-        done = Tokenized.model_validate_json(done_file.read_text())
-        if tokenized_ok(done):
-            return done
-        done_file.unlink()
+    if done := _reuse(done_file, Tokenized, tokenized_ok):
+        return done
     for stray in directory.glob("*.tmp"):
         stray.unlink()
     parts = _completed_parts(directory)
@@ -283,11 +290,8 @@ def shard_tokens(config: Config, tok: Tokenized) -> LocalShards:
     directory = work_dir(config, "shard")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / "shards.json"
-    if done_file.exists():
-        done = LocalShards.model_validate_json(done_file.read_text())
-        if local_shards_ok(done):
-            return done
-        done_file.unlink()
+    if done := _reuse(done_file, LocalShards, local_shards_ok):
+        return done
     stream, rest = _read_stream(tok), []
     entries = []
     for index, (split, n) in enumerate(split_sizes(config, tok.tokens)):

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import tiktoken
 import torch
 import torch.nn as nn
-import tiktoken
 
 from gpt2.hellaswag.items import Item
 from gpt2.hellaswag.logprobs import ContinuationScore, eval_mode, model_inputs, score_batch

@@ -156,7 +156,8 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     from gpt2 import storage
 
     result = storage.read_json(results_url(config, str(train.id)))
-    assert killed_after <= result["resumed_from_step"] < config.train.max_steps  # from a checkpoint, not 0
+    resumed = result["resumed_from_step"]
+    assert killed_after <= resumed < config.train.max_steps  # from a checkpoint, not from step 0
 
     mlflow = MlflowClient(tracking_uri=stack["mlflow_url"])
     runs = mlflow.search_runs(experiment_ids=[mlflow.get_experiment_by_name(config.tracking.experiment).experiment_id],
@@ -164,8 +165,10 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     assert len(runs) == 1, "one training run, reopened after the reschedule"
     losses = mlflow.get_metric_history(runs[0].info.run_id, "train/loss")
     steps = [m.step for m in losses]
-    assert steps.count(1) == 1 and max(steps) == config.train.max_steps  # continued, not restarted
-    assert set(range(1, config.train.max_steps + 1)) <= set(steps)
+    # One curve that continues: step 1 logged once (no restart), every step after the
+    # resume logged. Points still queued for MLflow when the process was killed are lost.
+    assert steps.count(1) == 1 and max(steps) == config.train.max_steps
+    assert set(range(resumed + 1, config.train.max_steps + 1)) <= set(steps)
     stage_runs = {s: child(stack, parent_id, d) for s, d in (("evaluate", "gpt2-eval/evaluate"),
                                                               ("export", "gpt2-export/export"))}
     found = {}

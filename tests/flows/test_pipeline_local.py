@@ -56,6 +56,7 @@ def planted_secrets(tmp_path, monkeypatch):
 
 def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     import mlflow
+
     from flows.pipeline import pipeline_flow
     from gpt2.overrides import resolve_config
     from gpt2.storage import local_path

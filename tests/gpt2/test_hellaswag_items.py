@@ -17,8 +17,8 @@ from gpt2.hellaswag.items import (
     load_rows,
     preprocess,
 )
-from gpt2.hellaswag.scorer import judge
 from gpt2.hellaswag.logprobs import ContinuationScore
+from gpt2.hellaswag.scorer import judge
 
 
 def row(**fields):
