@@ -13,6 +13,7 @@ does what is missing.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -90,8 +91,11 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     with parent_tracker(config, preset) as parent:
         parent.log_params(config.model_dump(mode="json"))
         for stage in STAGES:
-            logger.info("stage %s", stage)
+            started = time.perf_counter()
             results[stage] = _run_stage(stage, config, params, parent.run_id)
+            took = time.perf_counter() - started
+            logger.info("stage %s %s in %.1f s", stage, "cached" if results[stage].get("cached") else "done", took)
+            parent.log_metrics({f"stage_seconds/{stage}": took}, step=0)
         summary = summarize(results, parent.run_id)
         metrics = {"final_val_loss": summary["final_val_loss"]}
         metrics.update({f"hellaswag/{k}": v for k, v in (summary["hellaswag"] or {}).items()

@@ -73,11 +73,16 @@ def run_hellaswag(
     `raw` the task's result block with lm-eval's own (comma) keys."""
     from lm_eval.tasks import TaskManager
 
+    # Index only lm-eval's hellaswag folder (plus our generated task), not its
+    # thousands of task YAMLs: that index alone costs 10-20 s per evaluation.
+    paths = [str(stock_task_yaml().parent)]
     if rows is None:
-        task, manager = STOCK_TASK, TaskManager()
+        task = STOCK_TASK
     else:
-        task, manager = FILE_TASK, TaskManager(include_path=str(local_task(rows, work_dir)))
+        task = FILE_TASK
+        paths.append(str(local_task(rows, work_dir)))
         limit = None  # the file holds exactly the rows to score
+    manager = TaskManager(include_path=paths, include_defaults=False)
     out = lm_eval.simple_evaluate(
         model=model,
         model_args=model_args,
