@@ -26,14 +26,25 @@ def load_config(preset: str, sets: Optional[list[str]], root: Optional[str]) -> 
         fail(str(err), code=2)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record is emitted, so a caller
+    that swaps stderr (a test runner, an embedding app) never gets a handler
+    holding a closed stream."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(verbose: bool = False) -> None:
     # Logs on stderr keep stdout clean for --json consumers.
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
     # Every request to the Prefect API is logged at INFO by httpx: noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 

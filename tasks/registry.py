@@ -9,6 +9,7 @@ logs into the tracker's run.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from gpt2.config import Config
@@ -30,7 +31,10 @@ def register_hf_model(tracker: Tracker, hf_dir: str | Path, name: str, alias: st
         raise RuntimeError(f"MLflow at {tracker.uri} is unreachable; cannot register model {name!r}")
     model = AutoModelForCausalLM.from_pretrained(hf_dir)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    previous = mlflow.get_tracking_uri()
+    # mlflow's fluent API (all log_model offers) needs a global tracking URI,
+    # and set_tracking_uri also exports it as $MLFLOW_TRACKING_URI, which the
+    # rest of the pipeline reads: put the environment back exactly as it was.
+    previous_env = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(tracker.uri)
     try:
         with mlflow.start_run(run_id=tracker.run_id):
@@ -42,7 +46,9 @@ def register_hf_model(tracker: Tracker, hf_dir: str | Path, name: str, alias: st
         if alias:
             mlflow.MlflowClient(tracking_uri=tracker.uri).set_registered_model_alias(name, alias, version)
     finally:
-        mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(None)  # clears the global and the variable
+        if previous_env is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = previous_env
     return version
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,11 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     needles, key_file = planted_secrets
     root, work = tmp_path / "root", tmp_path / "work"
     overrides = {"runtime.root": str(root), "runtime.work_dir": str(work)}
+    tracking_env = os.environ.get("MLFLOW_TRACKING_URI")
     result = pipeline_flow("smoke", overrides)
+    # Registering the model goes through mlflow's global state: it must not
+    # leak into the environment that later runs read their tracking URI from.
+    assert os.environ.get("MLFLOW_TRACKING_URI") == tracking_env
 
     assert result["cached_stages"] == []
     assert math.isfinite(result["final_val_loss"])
