@@ -103,7 +103,10 @@ def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
 
 
 def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
+    from gpt2.config import ROOT_ENV
+
     worker_env = {**env, "PREFECT_API_URL": state["prefect_api_url"], "MLFLOW_TRACKING_URI": state["mlflow_url"],
+                  ROOT_ENV: state["root"],  # deployment runs write under the stack's root
                   stack_assets.PROJECT_DIR_ENV: str(stack_assets.PROJECT_DIR),
                   "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
     for pool in stack_assets.LOCAL_POOLS:
@@ -197,8 +200,7 @@ def down(state_dir: Path) -> dict[str, Any]:
         if processes.alive(rec):
             processes.stop(rec)
             stopped.append(rec["name"])
-    if stack_prefect.active_profile() == stack_prefect.PROFILE:
-        stack_prefect.restore_profile(state.get("previous_profile"))
+    stack_prefect.restore_profile(state.get("previous_profile"))
     (state_dir / STATE_FILE).unlink()
     return {"stopped": stopped, "profile": stack_prefect.active_profile()}
 

@@ -41,15 +41,17 @@ def use_profile(api_url: str) -> str:
 
 
 def restore_profile(previous: str | None) -> None:
-    """Switch back to `previous` (the default profile if it is gone) and drop ours."""
+    """Drop our profile; if it was active, switch back to `previous` (the
+    default profile if that one is gone). A profile the user chose since stays."""
     from prefect.settings.profiles import load_profiles, save_profiles
 
     profiles = load_profiles()
-    if PROFILE in profiles.names:
-        fallback = previous if previous in profiles.names and previous != PROFILE else "ephemeral"
-        profiles.set_active(fallback)
-        profiles.remove_profile(PROFILE)
-        save_profiles(profiles)
+    if PROFILE not in profiles.names:
+        return
+    if profiles.active_name == PROFILE:
+        profiles.set_active(previous if previous in profiles.names and previous != PROFILE else "ephemeral")
+    profiles.remove_profile(PROFILE)
+    save_profiles(profiles)
 
 
 def active_profile() -> str | None:

@@ -18,7 +18,6 @@ from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
-from prefect.flow_runs import wait_for_flow_run
 
 from gpt2 import storage
 from gpt2.config import Config
@@ -53,17 +52,30 @@ def publish_result(config: Config, result: dict[str, Any]) -> None:
         storage.write_json_atomic(results_url(config, str(flow_run.id)), result)
 
 
+def _read(run_id) -> FlowRun:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(run_id)
+
+
+def _wait_final(run_id, poll_s: float = 5.0) -> FlowRun:
+    # prefect.flow_runs.wait_for_flow_run is async-only; this flow is sync.
+    while True:
+        run = _read(run_id)
+        if run.state is not None and run.state.is_final():
+            return run
+        time.sleep(poll_s)
+
+
 def _settled(run_id, grace_s: float) -> FlowRun:
     """Wait for a final state that no automation is about to change."""
     while True:
-        run = wait_for_flow_run(run_id, timeout=None, poll_interval=5)
-        if run.state is None or run.state.type != StateType.CRASHED:
+        run = _wait_final(run_id)
+        if run.state.type != StateType.CRASHED:
             return run
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             time.sleep(3)
-            with get_client(sync_client=True) as client:
-                run = client.read_flow_run(run_id)
+            run = _read(run_id)
             if run.state.type != StateType.CRASHED:
                 break
         else:

@@ -9,11 +9,14 @@ or how fast things run and never enters an identity.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ROOT_ENV = "GPT2_ROOT"
 
 
 class _Section(BaseModel):
@@ -145,8 +148,9 @@ class TrackingConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    root: str = "file://./artifacts"
-    """Artifact root (fsspec URL) where every output lives."""
+    root: str = Field(default_factory=lambda: os.environ.get(ROOT_ENV) or "file://./artifacts")
+    """Artifact root (fsspec URL) where every output lives; default $GPT2_ROOT,
+    else ./artifacts (`gpt2 stack up` sets $GPT2_ROOT for its workers)."""
     work_dir: str | None = None
     """Local scratch directory for intermediate files; None: ~/.cache/gpt2-pipeline."""
     num_workers: int = Field(0, ge=0)

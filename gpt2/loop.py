@@ -219,6 +219,10 @@ class Loop:
             held = self.writer.submit(url, self.s.raw_model, self.s.optimizer, self._state(done),
                                       rng_state(self.s.env.device))
             log.debug("checkpoint %s snapshot took %.3fs; writing in the background", url, held)
+        # Send the metrics up to this step now: a run killed later resumes from
+        # here, and its MLflow curve then has no hole before the checkpoint.
+        # Bounded, and skipped while MLflow is down (the outbox keeps them).
+        self.tracker.flush(timeout=10, give_up_on_outage=True)
 
     def _state(self, done: int) -> dict:
         return {

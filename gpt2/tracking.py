@@ -134,9 +134,10 @@ class Tracker:
         pairs = {k: str(v) for k, v in tags.items()}
         self._queue(f"{len(pairs)} tags", lambda c: self._send_tags(c, pairs))
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued is sent; False if still pending at `timeout`."""
-        return self._outbox is None or self._outbox.flush(timeout)
+    def flush(self, timeout: float | None = None, give_up_on_outage: bool = False) -> bool:
+        """Wait until everything queued is sent; False if still pending at
+        `timeout` (or, with give_up_on_outage, once a fresh attempt failed)."""
+        return self._outbox is None or self._outbox.flush(timeout, give_up_on_outage)
 
     def close(self, status: str = "FINISHED") -> None:
         """End the run with `status` after a bounded final flush (one more

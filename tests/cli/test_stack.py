@@ -27,11 +27,20 @@ def home(tmp_path):
     gpt2(clean_env(home), tmp_path, "stack", "down", check=False)  # whatever the test left running
 
 
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _api_view(api_url: str) -> dict:
     from cli.stack_prefect import client
 
     with client(api_url) as c:
-        return {"pools": {p.name: p.base_job_template for p in c.read_work_pools()},
+        pools = c.read_work_pools()
+        return {"pools": {p.name: p.base_job_template for p in pools},
+                "limits": {p.name: p.concurrency_limit for p in pools},
                 "automations": {a.name: a for a in c.read_automations()},
                 "workers": {pool: [w.name for w in c.read_workers_for_work_pool(pool)] for pool in ("cpu", "gpu")}}
 
@@ -62,14 +71,16 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     view = _api_view(up["prefect_api_url"])
     assert view["pools"]["gpu"] == stack_assets.pool_template("process-gpu")
     assert view["pools"]["cpu"] == stack_assets.pool_template("process-cpu")
+    assert view["limits"] == {"cpu": None, "gpu": 1}
     assert set(view["automations"]) == {"gpt2-reschedule-preempted", "gpt2-zombie-runs"}
     assert view["workers"] == {"cpu": ["gpt2-cpu"], "gpu": ["gpt2-gpu"]}
     assert processes.http_ok(f"{up['mlflow_url']}/health")
 
+    started = [psutil.Process(pid) for pid in pids.values()]
+    started += [child for proc in started for child in proc.children(recursive=True)]  # uvicorn, job runners
     down = last_json(gpt2(env, cwd, "stack", "down", "--json"))
     assert sorted(down["stopped"]) == sorted(pids) and down["profile"] == "mine"
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in pids.values())
+    assert not [p for p in started if _running(p)]
     assert not processes.http_ok(f"{up['prefect_api_url']}/health", timeout=1)
     profiles = (home / ".prefect" / "profiles.toml").read_text()
     assert 'active = "mine"' in profiles and "gpt2-local" not in profiles

@@ -4,8 +4,8 @@ engine; check what it promises against the files it relies on."""
 from __future__ import annotations
 
 import re
-import tomllib
 
+import tomllib
 from packaging.requirements import Requirement
 
 from cli import stack_assets

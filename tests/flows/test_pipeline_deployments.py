@@ -73,15 +73,18 @@ def wait_final(stack, run_id: str, timeout: float = PIPELINE_TIMEOUT_S):
 
 
 def child(stack, parent_id: str, stage_deployment: str, timeout: float = 0):
-    """The stage flow run the parent started (its idempotency key names the parent)."""
+    """The stage flow run the parent started (its idempotency key names the parent);
+    waits up to `timeout` for it, but not past the parent's end."""
     deadline = time.monotonic() + timeout
     while True:
         with client(stack) as c:
             dep = c.read_deployment_by_name(stage_deployment)
             runs = [r for r in c.read_flow_runs(limit=200) if r.deployment_id == dep.id
                     and (r.idempotency_key or "").startswith(parent_id)]
-        if runs or time.monotonic() >= deadline:
-            assert len(runs) == 1, f"{len(runs)} runs of {stage_deployment} for parent {parent_id}"
+            parent = c.read_flow_run(parent_id)
+        if runs or time.monotonic() >= deadline or parent.state.is_final():
+            assert len(runs) == 1, (f"{len(runs)} runs of {stage_deployment} for parent {parent_id}, "
+                                    f"which is {parent.state.name}: {parent.state.message}")
             return runs[0]
         time.sleep(1)
 
@@ -110,6 +113,7 @@ def _training_process(stack, run_id: str, timeout: float) -> psutil.Process:
     while time.monotonic() < deadline:
         with client(stack) as c:
             run = c.read_flow_run(run_id)
+        assert not run.state.is_final(), f"training run ended {run.state.name} before it could be killed"
         if run.state.is_running() and run.infrastructure_pid:
             proc = psutil.Process(int(run.infrastructure_pid.rsplit(":", 1)[-1]))  # "[host:]pid"
             assert proc.environ().get("PREFECT__FLOW_RUN_ID") == run_id
