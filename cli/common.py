@@ -89,9 +89,11 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Optional[str],
-             **kwargs: Any) -> tuple[Config, dict[str, Any]]:
+             errors: tuple[type[Exception], ...] | None = None, **kwargs: Any) -> tuple[Config, dict[str, Any]]:
     """Resolve the config (exit 2 listing every problem), then run the flow at
-    `module:function` in this process; a user error exits 1 with its message."""
+    `module:function` in this process; an error of `errors` (default: the user
+    errors) exits 1 with its message. The root travels as the
+    `runtime.root` override, which every flow, the parent included, accepts."""
     import importlib
 
     from gpt2.overrides import parse_assignments
@@ -102,7 +104,9 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     module, name = entrypoint.split(":")
     flow_fn = getattr(importlib.import_module(module), name)
     overrides, _ = parse_assignments(sets or [])
+    overrides["runtime.root"] = config.runtime.root
     try:
-        return config, flow_fn(preset=preset, overrides=overrides, root=config.runtime.root, **kwargs)
-    except user_errors() as err:
-        fail(str(err))
+        return config, flow_fn(preset=preset, overrides=overrides, **kwargs)
+    except errors or user_errors() as err:
+        known = isinstance(err, user_errors())  # their messages already say what and where
+        fail(str(err) if known else f"{type(err).__name__}: {err}")

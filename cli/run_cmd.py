@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, prefect_env, setup_logging
+from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, run_flow
 
 
 def run(
@@ -22,18 +22,8 @@ def run(
 ) -> None:
     """Prepare, train, evaluate and export: every stage cached, so a rerun
     (or a rerun after a crash) only does what is missing."""
-    config = load_config(preset, sets, root)
-    setup_logging()
-    prefect_env()
-    from flows.pipeline import pipeline_flow
-    from gpt2.overrides import parse_assignments
-
-    overrides, _ = parse_assignments(sets or [])
-    overrides["runtime.root"] = config.runtime.root
-    try:
-        result = pipeline_flow(preset=preset, overrides=overrides)
-    except Exception as err:  # noqa: BLE001 - the flow already logged the traceback
-        fail(f"{type(err).__name__}: {err}")
+    # Any stage's error ends the pipeline; the flow already logged its traceback.
+    config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, errors=(Exception,))
     guide = where_things_are(config, result)
     if as_json:
         typer.echo(guide, err=True)
