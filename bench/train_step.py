@@ -2,7 +2,7 @@
 checkpointing and MLflow logging cost relative to a step.
 
     python -m bench.train_step                 # CPU: a small GPT, fp32
-    python -m bench.train_step --cuda          # GPU: GPT-2 124M, bf16 autocast, MFU
+    python -m bench.train_step --cuda          # GPU: GPT-2 124M, bf16, eager vs compiled, MFU
 
 The reference is written here on purpose: a straightforward GPT module and an
 AdamW loop (same dims, batch, dtype, attention kernel), the baseline every
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -30,7 +31,7 @@ from gpt2.distributed import DistEnv, amp_dtype, autocast
 from gpt2.model import GPT
 from gpt2.optim import make_optimizer
 from gpt2.overrides import resolve_config
-from gpt2.steps import StepContext, train_step
+from gpt2.steps import StepContext, find_micro_batch, train_step
 from gpt2.throughput import mfu, peak_flops, synchronize
 from gpt2.tracking import Tracker
 
@@ -87,7 +88,19 @@ def timed(fn, device, clock=time.perf_counter) -> float:
     return clock() - t0
 
 
-def measure_steps(args, cfg: ModelConfig, device: torch.device) -> dict:
+def auto_batch(cfg: ModelConfig, device: torch.device) -> int:
+    """The micro-batch `train.micro_batch_size=auto` picks for gpt2-124m's
+    512 sequences a step, probed eagerly as the trainer does."""
+    model = GPT(cfg).to(device)
+    ctx = StepContext(DistEnv(0, 0, 1, device), amp_dtype(device), 1.0)
+    chosen = find_micro_batch(model, lambda: make_optimizer(model, TrainConfig(), device.type),
+                              TrainConfig().total_batch_tokens // cfg.block_size, cfg.block_size, cfg.vocab_size, ctx)
+    del model
+    torch.cuda.empty_cache()
+    return chosen
+
+
+def measure_steps(args, cfg: ModelConfig, device: torch.device, compile: bool) -> dict:
     dtype = amp_dtype(device)
     torch.manual_seed(0)
     ours = GPT(cfg).to(device)
@@ -95,16 +108,19 @@ def measure_steps(args, cfg: ModelConfig, device: torch.device) -> dict:
     tcfg = TrainConfig()
     our_opt = make_optimizer(ours, tcfg, device.type)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=6e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
-    if args.compile:
+    raw = ours
+    if compile:
         ours, ref = torch.compile(ours), torch.compile(ref)
-    raw = ours._orig_mod if args.compile else ours
     ctx = StepContext(DistEnv(0, 0, 1, device), dtype, 1.0)
     batches = [(torch.randint(0, 50257, (args.batch, cfg.block_size), device=device),) * 2
                for _ in range(args.accum)]
     run_ours = lambda: train_step(ours, raw, our_opt, batches, ctx)  # noqa: E731
     run_ref = lambda: ref_step(ref, ref_opt, batches, device, dtype)  # noqa: E731
+    t0 = time.perf_counter()
     for _ in range(args.warmup):
         run_ours(), run_ref()
+    synchronize(device)
+    warmup_s = time.perf_counter() - t0
     # On a CPU shared with other work, wall time measures the neighbours too:
     # single-threaded steps timed in process CPU time measure our own work.
     clock = time.process_time if device.type == "cpu" else time.perf_counter
@@ -113,7 +129,7 @@ def measure_steps(args, cfg: ModelConfig, device: torch.device) -> dict:
         t_ours.append(timed(run_ours, device, clock))
         t_ref.append(timed(run_ref, device, clock))
     # The fastest of several steps: interference only ever adds time.
-    return {"ours": min(t_ours), "ref": min(t_ref), "model": raw, "opt": our_opt,
+    return {"ours": min(t_ours), "ref": min(t_ref), "model": raw, "opt": our_opt, "warmup_s": warmup_s,
             "ours_median": statistics.median(t_ours), "ref_median": statistics.median(t_ref)}
 
 
@@ -141,37 +157,21 @@ def measure_overheads(model, opt, step_s: float, root: Path) -> dict:
     return {"held_s": statistics.median(held), "save_s": statistics.median(total), "log_s": log_s, "send_s": send_s}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cuda", action="store_true", help="GPT-2 124M on the GPU in bf16")
-    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--accum", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: CPU-time measurements are exact)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    if args.cuda:
-        device, cfg = torch.device("cuda"), ModelConfig()
-        args.batch = args.batch or 16
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-    else:
-        device, cfg = torch.device("cpu"), ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128)
-        args.batch = args.batch or 4
-    r = measure_steps(args, cfg, device)
-    tokens = args.batch * args.accum * cfg.block_size
-    clock = "CPU time, 1 thread" if device.type == "cpu" and args.threads == 1 else "wall time"
-    print(f"device {device} | model L{cfg.n_layer} H{cfg.n_head} C{cfg.n_embd} T{cfg.block_size} "
-          f"| {tokens} tokens/step | dtype {amp_dtype(device) or torch.float32} | compile {args.compile} | {clock}")
+def report_steps(r: dict, tokens: int, device: torch.device, label: str) -> None:
     for name, key in (("reference", "ref"), ("ours", "ours")):
-        print(f"{name:>9}: {tokens / r[key]:,.0f} tok/s (best {1000 * r[key]:.1f} ms/step, "
+        print(f"{label}{name:>9}: {tokens / r[key]:,.0f} tok/s (best {1000 * r[key]:.1f} ms/step, "
               f"median {1000 * r[key + '_median']:.1f} ms)")
-    print(f"ratio ours/reference (tokens/s): {r['ref'] / r['ours']:.3f}x best, "
-          f"{r['ref_median'] / r['ours_median']:.3f}x median")
+    print(f"{label}ratio ours/reference (tokens/s): {r['ref'] / r['ours']:.3f}x best, "
+          f"{r['ref_median'] / r['ours_median']:.3f}x median; warm-up (compilation) {r['warmup_s']:.1f}s")
     util = mfu(r["model"].flops_per_token(), tokens / r["ours"], peak_flops(device))
     if util is not None:
-        print(f"MFU: {100 * util:.1f}%")
+        print(f"{label}MFU (model FLOPs 6N + attention, dense bf16 peak): {100 * util:.1f}%")
+
+
+def report_overheads(r: dict) -> None:
+    if importlib.util.find_spec("mlflow") is None:
+        print("checkpoint/MLflow overheads skipped: mlflow is not installed here")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         o = measure_overheads(r["model"], r["opt"], r["ours"], Path(tmp))
     step = r["ours"]
@@ -183,6 +183,41 @@ def main() -> None:
           f"= {100 * o['log_s'] / step:.4f}% of step time")
     print(f"MLflow background send (SQLite, off the training thread): {1e3 * o['send_s']:.2f} ms/step "
           f"= {100 * o['send_s'] / step:.3f}% of step time")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cuda", action="store_true", help="GPT-2 124M on the GPU in bf16, eager and compiled")
+    parser.add_argument("--compile", action="store_true", help="CPU mode: torch.compile both models")
+    parser.add_argument("--batch", default=None, help="micro-batch (CUDA default: auto, as the trainer picks it)")
+    parser.add_argument("--accum", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: CPU-time measurements are exact)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.cuda:
+        device, cfg = torch.device("cuda"), ModelConfig()
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        args.batch = auto_batch(cfg, device) if args.batch in (None, "auto") else int(args.batch)
+        modes = (False, True)
+    else:
+        device, cfg = torch.device("cpu"), ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128)
+        args.batch = int(args.batch or 4)
+        modes = (args.compile,)
+    tokens = args.batch * args.accum * cfg.block_size
+    clock = "CPU time, 1 thread" if device.type == "cpu" and args.threads == 1 else "wall time"
+    print(f"device {device} | model L{cfg.n_layer} H{cfg.n_head} C{cfg.n_embd} T{cfg.block_size} "
+          f"| micro-batch {args.batch} x {args.accum} | {tokens} tokens/step | dtype "
+          f"{amp_dtype(device) or torch.float32} | {clock}")
+    results = {}
+    for compile in modes:
+        label = "compiled " if compile else ("eager " if args.cuda else "")
+        results[compile] = measure_steps(args, cfg, device, compile)
+        report_steps(results[compile], tokens, device, label)
+    if len(results) == 2:
+        print(f"ratio compiled/eager (ours, tokens/s): {results[False]['ours'] / results[True]['ours']:.3f}x best")
+    report_overheads(results[modes[-1]])
 
 
 if __name__ == "__main__":

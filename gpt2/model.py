@@ -89,9 +89,11 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
         """idx (B, T) token ids -> logits (B, T, vocab_size); with targets also
-        the mean cross-entropy loss."""
+        the mean cross-entropy loss. Training passes return_logits=False: a
+        returned (B, T, vocab) tensor would be kept and, compiled, written out
+        in full (6.6 GB at B=64 in bf16) only to be dropped."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds model.block_size {self.config.block_size}")
@@ -103,7 +105,7 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
-        return logits, loss
+        return (logits if return_logits else None), loss
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

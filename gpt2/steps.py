@@ -47,7 +47,7 @@ def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: to
         sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
         with sync:
             with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb):
-                _, loss = model(x, y)
+                _, loss = model(x, y, return_logits=False)
             # The mean over the whole global batch, not the sum of micro-batch means.
             loss = loss / len(batches)
             loss.backward()
@@ -56,7 +56,9 @@ def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: to
     max_norm = ctx.grad_clip if ctx.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
     optimizer.step()
-    return loss_sum.item(), norm.item()
+    # One host sync for both numbers, after the optimizer step is queued.
+    loss_value, norm_value = torch.stack([loss_sum, norm.to(loss_sum.dtype)]).tolist()
+    return loss_value, norm_value
 
 
 @torch.no_grad()
@@ -68,7 +70,7 @@ def evaluate(model: torch.nn.Module, batches: list[Batch], ctx: StepContext) -> 
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with autocast(device, ctx.amp):
-            _, loss = model(x, y)
+            _, loss = model(x, y, return_logits=False)
         total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=device)])
     model.train()
     all_reduce(total, ctx.env, op="sum")
