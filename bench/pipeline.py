@@ -27,12 +27,12 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 def library_path(preset: str, root: Path, work: Path) -> float:
     """The four stages as direct library calls, no orchestration, no tracking."""
-    from gpt2.checkpoint_ref import resolve_checkpoint
+    from gpt2.checkpoint.ref import resolve_checkpoint
     from gpt2.data.prepare import prepare_data
-    from gpt2.evaluation import evaluate_checkpoint
     from gpt2.export.writer import export_checkpoint
-    from gpt2.launch import train_stage
+    from gpt2.hellaswag.evaluate import evaluate_checkpoint
     from gpt2.overrides import resolve_config
+    from gpt2.train.launch import train_stage
 
     config = resolve_config(preset, {"runtime.work_dir": str(work), "tracking.enabled": False}, root=str(root))
     t0 = time.perf_counter()
@@ -73,7 +73,7 @@ def main() -> None:
                 # Import cost (torch, prefect, mlflow, lm-eval) is paid once
                 # here so neither measured path carries it.
                 import flows.pipeline  # noqa: F401
-                import gpt2.evaluation  # noqa: F401
+                import gpt2.hellaswag.evaluate  # noqa: F401
 
                 direct = library_path(args.preset, tmp / "lib-root", tmp / "lib-work")
                 orchestrated, result = orchestrated_path(args.preset, tmp / "root", tmp / "work")

@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from gpt2.data.shards import write_shard  # noqa: E402
+from gpt2.data.llmc import write_shard  # noqa: E402
 from gpt2.tokenizer import EOT_TOKEN, get_encoding  # noqa: E402
 
 SHARD_SIZE = 100_000_000  # llm.c's default, for (a) and (b) alike
@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="processes for (a) and (b); 0: every core")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported")
     args = parser.parse_args()
-    from gpt2.data.tokenize import default_workers
+    from gpt2.data.tokenize_pool import default_workers
 
     workers = args.workers or default_workers()
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as name:

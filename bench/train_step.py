@@ -24,16 +24,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2 import checkpoint
-from gpt2.checkpoint_writer import CheckpointWriter
+from gpt2 import layout
+from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv, amp_dtype, autocast
 from gpt2.model import GPT
-from gpt2.optim import make_optimizer
 from gpt2.overrides import resolve_config
-from gpt2.steps import StepContext, find_micro_batch, train_step
-from gpt2.throughput import mfu, peak_flops, synchronize
 from gpt2.tracking import Tracker
+from gpt2.train.distributed import DistEnv, amp_dtype, autocast
+from gpt2.train.optim import make_optimizer
+from gpt2.train.step import StepContext, find_micro_batch, train_step
+from gpt2.train.throughput import mfu, peak_flops, synchronize
 
 
 class RefBlock(nn.Module):
@@ -93,11 +93,8 @@ def auto_batch(cfg: ModelConfig, device: torch.device) -> int:
     512 sequences a step, probed eagerly as the trainer does."""
     model = GPT(cfg).to(device)
     ctx = StepContext(DistEnv(0, 0, 1, device), amp_dtype(device), 1.0)
-    chosen = find_micro_batch(model, lambda: make_optimizer(model, TrainConfig(), device.type),
-                              TrainConfig().total_batch_tokens // cfg.block_size, cfg.block_size, cfg.vocab_size, ctx)
-    del model
-    torch.cuda.empty_cache()
-    return chosen
+    return find_micro_batch(model, lambda: make_optimizer(model, TrainConfig(), device.type),
+                            TrainConfig().total_batch_tokens // cfg.block_size, cfg.block_size, cfg.vocab_size, ctx)
 
 
 def measure_steps(args, cfg: ModelConfig, device: torch.device, compile: bool) -> dict:
@@ -140,7 +137,7 @@ def measure_overheads(model, opt, step_s: float, root: Path) -> dict:
     held, total = [], []
     for step in range(1, 4):
         t0 = time.perf_counter()
-        held.append(writer.submit(checkpoint.checkpoint_url(str(root), step), model, opt, state, {}))
+        held.append(writer.submit(layout.checkpoint_dir(str(root), step), model, opt, state, {}))
         writer.wait()
         total.append(time.perf_counter() - t0)
     writer.close()
@@ -200,6 +197,7 @@ def main() -> None:
         device, cfg = torch.device("cuda"), ModelConfig()
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         args.batch = auto_batch(cfg, device) if args.batch in (None, "auto") else int(args.batch)
+        torch.cuda.empty_cache()  # the probe's model is gone; hand its blocks back
         modes = (False, True)
     else:
         device, cfg = torch.device("cpu"), ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128)

@@ -74,15 +74,15 @@ def prefect_env() -> None:
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors caused by input or environment, each with a message naming the bad
     thing and what to do: shown as one line, not a traceback."""
-    from gpt2.checkpoint import CheckpointError
-    from gpt2.checkpoint_ref import CheckpointNotFound
+    from gpt2.checkpoint.ref import CheckpointNotFound
+    from gpt2.checkpoint.store import CheckpointError
+    from gpt2.data.llmc import ShardError
     from gpt2.data.prepare import EmptyCorpusError
-    from gpt2.data.shards import ShardError
     from gpt2.data.sources import SourceError
     from gpt2.export.writer import ExportError
     from gpt2.hellaswag.items import HellaSwagDataError
-    from gpt2.session import TrainingError
     from gpt2.storage import StorageError
+    from gpt2.train.session import TrainingError
 
     return (SourceError, EmptyCorpusError, ShardError, StorageError, FileNotFoundError, TrainingError,
             CheckpointError, CheckpointNotFound, HellaSwagDataError, ExportError)

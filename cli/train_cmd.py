@@ -11,17 +11,7 @@ from typing import Optional
 
 import typer
 
-from cli.common import (
-    JsonOpt,
-    PresetOpt,
-    RootOpt,
-    SetOpt,
-    emit,
-    fail,
-    load_config,
-    run_flow,
-    setup_logging,
-)
+from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, run_flow, setup_logging
 
 FreshOpt = typer.Option(False, "--fresh", help="Delete this run's checkpoints and start over (default: resume).")
 
@@ -45,10 +35,9 @@ def train(
     """Train GPT-2 on the prepared shards; rerun the same command to resume."""
     config = load_config(preset, sets, root)
     setup_logging()
-    from gpt2 import storage
-    from gpt2.data.manifest import manifest_url
+    from gpt2 import layout, storage
 
-    url = manifest_url(config)
+    url = layout.manifest(config)
     if not storage.exists(url):
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
              + _prepare_hint(preset, sets, root))

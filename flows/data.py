@@ -18,11 +18,11 @@ from prefect.runtime import flow_run
 
 from flows.entry import flow_main
 from flows.stages import publish_result
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.data import prepare
-from gpt2.data.manifest import load_manifest, manifest_url
-from gpt2.data.shards import ShardError
+from gpt2.data.llmc import ShardError
+from gpt2.data.manifest import load_manifest
 from gpt2.identity import data_fingerprint
 from gpt2.overrides import resolve_config
 from gpt2.tracking import Tracker
@@ -32,10 +32,10 @@ from tasks.data import download, shard, tokenize, upload
 
 def _complete(config: Config) -> bool:
     try:
-        prepare.summarize(manifest_url(config))
+        prepare.summarize(layout.manifest(config))
         return True
     except (FileNotFoundError, ShardError) as err:
-        if storage.exists(manifest_url(config)):
+        if storage.exists(layout.manifest(config)):
             get_run_logger().warning("existing data is damaged, rebuilding what is missing: %s", err)
         return False
 
@@ -90,7 +90,7 @@ def data_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, ro
               parent_run_id: str | None = None) -> dict[str, Any]:
     """Prepare llm.c shards for a preset plus dotted-key overrides."""
     config = resolve_config(preset, overrides or {}, root=root)
-    get_run_logger().info("data stage: source %s -> %s", config.data.source, manifest_url(config))
+    get_run_logger().info("data stage: source %s -> %s", config.data.source, layout.manifest(config))
     result = run_data_stage(config)
     result["mlflow_run_id"] = track_data_stage(config, result, parent_run_id)
     publish_result(config, result)

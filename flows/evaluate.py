@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import storage
-from gpt2.checkpoint_ref import resolve_checkpoint
+from gpt2.checkpoint.ref import resolve_checkpoint
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
 from tasks.common import run_cached

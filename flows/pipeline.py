@@ -25,7 +25,7 @@ from flows.evaluate import eval_flow
 from flows.export import export_flow
 from flows.stages import run_stage_deployment
 from flows.train import train_flow
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
 from gpt2.tracking import Tracker
@@ -36,8 +36,7 @@ STAGES = ("data", "train", "evaluate", "export")
 def _parent_record(config: Config) -> str | None:
     if not flow_run.id:
         return None
-    root = storage.normalize_url(config.runtime.root)
-    return storage.join(root, "pipeline", "parents", f"{flow_run.id}.json")
+    return layout.parent_record(config, str(flow_run.id))
 
 
 def parent_tracker(config: Config, preset: str) -> Tracker:

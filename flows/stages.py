@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
 
 # Stage name -> deployment (prefect.yaml is the single source of these).
@@ -41,7 +41,7 @@ def results_url(config: Config, flow_run_id: str) -> str:
     """Where a stage flow run publishes its small JSON result for the parent:
     under the artifact root, readable from any machine (a GPU worker's local
     Prefect result storage is not)."""
-    return storage.join(storage.normalize_url(config.runtime.root), "pipeline", "stage-results", f"{flow_run_id}.json")
+    return layout.stage_result(config, flow_run_id)
 
 
 def publish_result(config: Config, result: dict[str, Any]) -> None:

@@ -18,9 +18,10 @@ from prefect.runtime import flow_run
 
 from flows.entry import flow_main
 from flows.stages import publish_result
-from gpt2 import checkpoint, storage
+from gpt2 import layout, storage
+from gpt2.checkpoint import store
 from gpt2.config import Config
-from gpt2.data.manifest import load_manifest, manifest_url
+from gpt2.data.manifest import load_manifest
 from gpt2.overrides import resolve_config
 from tasks.common import bind, run_cached
 from tasks.train import train as train_task
@@ -28,23 +29,23 @@ from tasks.train import train as train_task
 
 def _finished(config: Config, result: dict) -> bool:
     """A cached result is only good while its final checkpoint exists."""
-    return bool(result.get("checkpoint")) and result["checkpoint"] == checkpoint.latest_checkpoint(config)
+    return bool(result.get("checkpoint")) and result["checkpoint"] == store.latest_checkpoint(config)
 
 
 def _start_over(config: Config) -> None:
     """--fresh, once per flow run: a rescheduled or retried run of this same
     flow run must resume what it already trained, not wipe it again."""
-    run_dir = checkpoint.run_dir_url(config)
-    marker = storage.join(run_dir, f".fresh-{flow_run.id or 'local'}")
+    run_dir = layout.run_dir(config)
+    marker = layout.fresh_marker(run_dir, flow_run.id)
     if storage.exists(marker):
         get_run_logger().info("--fresh already applied by this flow run; resuming")
         return
-    checkpoint.clear_run(run_dir)
+    store.clear_run(run_dir)
     storage.write_bytes_atomic(marker, b"")
 
 
 def run_train_stage(config: Config, fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
-    load_manifest(manifest_url(config))  # fail fast, saying how to make the data
+    load_manifest(layout.manifest(config))  # fail fast, saying how to make the data
     tags = {"prefect.flow_run_id": str(flow_run.id)} if flow_run.id else {}
     if fresh:
         _start_over(config)
@@ -60,8 +61,8 @@ def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, r
                fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
     """Train a preset plus dotted-key overrides; returns the training result."""
     config = resolve_config(preset, overrides or {}, root=root)
-    get_run_logger().info("training %s (%d steps) -> %s", checkpoint.run_name(config),
-                          config.train.max_steps, checkpoint.run_dir_url(config))
+    get_run_logger().info("training %s (%d steps) -> %s", layout.run_name(config),
+                          config.train.max_steps, layout.run_dir(config))
     result = run_train_stage(config, fresh, parent_run_id)
     publish_result(config, result)  # for a parent flow that started this run as a deployment
     return result

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpt2 import storage
+from gpt2 import layout
 from gpt2.config import Config
 from gpt2.outbox import Outbox
 
@@ -41,19 +41,13 @@ def default_tracking_uri(config: Config) -> str:
         return config.tracking.uri
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    root = storage.normalize_url(config.runtime.root)
-    # By scheme, not via fsspec: instantiating a cloud filesystem may probe for credentials.
-    base = Path(root[len("file://"):]) if root.startswith("file://") else config.runtime.work_root
-    return f"sqlite:///{base / 'mlflow.db'}"
+    return f"sqlite:///{layout.mlflow_db(config)}"
 
 
 def artifact_location(config: Config) -> str:
     """Experiment artifacts live under the artifact root (not ./mlruns in the
     cwd) when MLflow can write there; roots it has no store for use the work dir."""
-    root = storage.normalize_url(config.runtime.root)
-    if root.split("://", 1)[0] in ("file", "gs", "s3"):
-        return storage.join(root, "mlflow-artifacts")
-    return (config.runtime.work_root / "mlflow-artifacts").as_uri()
+    return layout.mlflow_artifacts(config)
 
 
 def metric_name(key: str) -> str:

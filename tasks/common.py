@@ -18,7 +18,7 @@ from typing import Any, Callable
 from prefect.filesystems import RemoteFileSystem
 from prefect.tasks import Task
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def result_storage(config: Config) -> Path | RemoteFileSystem:
     A local root is passed as a Path; a remote one as a RemoteFileSystem block,
     saved because Prefect only accepts persisted blocks as task result storage.
     """
-    url = storage.join(storage.normalize_url(config.runtime.root), ".prefect", "results")
+    url = layout.prefect_results(config)
     path = storage.local_path(url)
     if path is not None:
         return path

@@ -7,9 +7,9 @@ from typing import Any
 
 from prefect import task
 
-from gpt2 import evaluation
-from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
+from gpt2.hellaswag import evaluate as evaluation
 from gpt2.identity import fingerprint
 from gpt2.tracking import Tracker
 from tasks.common import CODE_VERSION

@@ -11,7 +11,7 @@ from typing import Any
 from prefect import task
 
 from gpt2 import storage
-from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
 from gpt2.export import writer
 from gpt2.identity import fingerprint

@@ -3,7 +3,7 @@ the Prefect flow run that produced it."""
 
 from __future__ import annotations
 
-from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.checkpoint.ref import CheckpointRef
 
 
 def stage_tags(stage: str, ref: CheckpointRef) -> dict[str, str]:

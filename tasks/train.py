@@ -1,4 +1,4 @@
-"""Prefect task of the training stage: calls `gpt2.launch.train_stage`.
+"""Prefect task of the training stage: calls `gpt2.train.launch.train_stage`.
 
 Cached on the training identity (gpt2.identity.train_fingerprint) + code
 version. Retrying is always safe because training resumes from the newest
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from gpt2.checkpoint import run_name
+from gpt2 import layout
 from gpt2.config import Config
 from gpt2.identity import train_fingerprint
-from gpt2.launch import train_stage
-from gpt2.progress import ProgressBar, StepInfo
-from gpt2.session import TrainingError
+from gpt2.train.launch import train_stage
+from gpt2.train.progress import ProgressBar, StepInfo
+from gpt2.train.session import TrainingError
 from tasks.common import ProgressArtifact, identity_cache_key
 
 
@@ -26,7 +26,7 @@ def _retryable(task, task_run, state) -> bool:
 @task(name="train", cache_key_fn=identity_cache_key("train", train_fingerprint), persist_result=True,
       retries=2, retry_delay_seconds=30, retry_condition_fn=_retryable)
 def train(config: Config, parent_run_id: str | None = None, tags: dict | None = None) -> dict:
-    artifact = ProgressArtifact(f"Training {run_name(config)}")
+    artifact = ProgressArtifact(f"Training {layout.run_name(config)}")
     bar = ProgressBar(config.train.max_steps)
 
     def progress(info: StepInfo) -> None:

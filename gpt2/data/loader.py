@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt2 import storage
-from gpt2.data.manifest import Manifest, ShardEntry, shard_url, verify_shard
-from gpt2.data.shards import ShardError, read_shard
-from gpt2.distributed import DistEnv, barrier
+from gpt2 import layout, storage
+from gpt2.data.llmc import ShardError, read_shard
+from gpt2.data.manifest import Manifest, ShardEntry, verify_shard
+from gpt2.train.distributed import DistEnv, barrier
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,9 @@ class ShardSource:
     """Token arrays of a manifest's shards, local or cached from a remote root."""
 
     def __init__(self, manifest_location: str, manifest: Manifest, cache_dir: Path, env: DistEnv):
+        """`cache_dir`: where remote shards are copied (gpt2.layout.shard_cache_dir)."""
         self.manifest_location, self.manifest = manifest_location, manifest
-        self.cache_dir, self.env = cache_dir / "shards" / manifest.name, env
+        self.cache_dir, self.env = cache_dir, env
         self._open: dict[str, np.ndarray] = {}
 
     def tokens(self, entry: ShardEntry) -> np.ndarray:
@@ -54,7 +55,7 @@ class ShardSource:
         return self._open[entry.path]
 
     def _load(self, entry: ShardEntry) -> np.ndarray:
-        url = shard_url(self.manifest_location, entry)
+        url = layout.shard(self.manifest_location, entry.path)
         local = storage.local_path(url)
         if local is not None:
             verify_shard(url, entry)

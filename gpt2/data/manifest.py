@@ -7,17 +7,12 @@ manifest so a data directory can be copied between buckets unchanged.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gpt2 import storage
-from gpt2.config import Config
-from gpt2.data.shards import HEADER_BYTES, ShardError, parse_header, shard_nbytes
-from gpt2.identity import data_fingerprint
-
-MANIFEST_NAME = "manifest.json"
+from gpt2 import layout, storage
+from gpt2.data.llmc import HEADER_BYTES, ShardError, parse_header, shard_nbytes
 
 
 class ShardEntry(BaseModel):
@@ -48,20 +43,6 @@ class Manifest(BaseModel):
 
     def split_tokens(self, split: str) -> int:
         return sum(s.tokens for s in self.split(split))
-
-
-def data_dir_url(config: Config) -> str:
-    """Where a config's shards live: readable name + short identity hash."""
-    root = storage.normalize_url(config.runtime.root)
-    return storage.join(root, "data", f"{config.data.name}-{data_fingerprint(config)[:12]}")
-
-
-def manifest_url(config: Config) -> str:
-    return storage.join(data_dir_url(config), MANIFEST_NAME)
-
-
-def shard_url(manifest_location: str, entry: ShardEntry) -> str:
-    return storage.join(posixpath.dirname(manifest_location), entry.path)
 
 
 def load_manifest(url: str) -> Manifest:
@@ -97,5 +78,5 @@ def verify_manifest(url: str, checksum: bool = False) -> Manifest:
     """Load a manifest and verify every shard it lists; the error names the bad shard."""
     manifest = load_manifest(url)
     for entry in manifest.shards:
-        verify_shard(shard_url(url, entry), entry, checksum=checksum)
+        verify_shard(layout.shard(url, entry.path), entry, checksum=checksum)
     return manifest

@@ -22,13 +22,13 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.data import sources
-from gpt2.data.manifest import Manifest, ShardEntry, data_dir_url, manifest_url, verify_manifest, verify_shard
-from gpt2.data.shards import ShardError, write_shard
-from gpt2.data.tokenize import tokenize_stream
-from gpt2.identity import data_fingerprint, data_step_fingerprint
+from gpt2.data.llmc import ShardError, write_shard
+from gpt2.data.manifest import Manifest, ShardEntry, verify_manifest, verify_shard
+from gpt2.data.tokenize_pool import tokenize_stream
+from gpt2.identity import data_fingerprint
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB
 
 log = logging.getLogger(__name__)
@@ -64,11 +64,6 @@ class PrepareResult(BaseModel):
     val_tokens: int
     shards: int
     documents: int
-
-
-def work_dir(config: Config, step: str) -> Path:
-    """Local scratch directory of one step's outputs, named by that step's identity."""
-    return config.runtime.work_root / "data" / f"{config.data.name}-{step}-{data_step_fingerprint(config, step)[:12]}"
 
 
 # --- validity of each step's outputs (a cached result may outlive its files) ---
@@ -107,7 +102,7 @@ def download_source(config: Config) -> sources.SourceFiles:
     they never fetch a whole 30 GB corpus for a few thousand documents.
     """
     source = sources.resolve(config.data)
-    target = work_dir(config, "download")
+    target = layout.data_step_dir(config, "download")
     if source.builtin:
         return sources.materialize_builtin(source, target)
     limited = config.data.max_documents is not None or config.data.max_tokens is not None
@@ -192,7 +187,7 @@ def _workers(config: Config, source: sources.SourceFiles) -> int:
 def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progress | None = None,
                     show_progress: bool = True) -> Tokenized:
     """Tokenize the source into local parts, resuming after the last complete one."""
-    directory = work_dir(config, "tokenize")
+    directory = layout.data_step_dir(config, "tokenize")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / "done.json"
     if done := _reuse(done_file, Tokenized, tokenized_ok):
@@ -287,7 +282,7 @@ def _read_stream(tok: Tokenized) -> Iterator[np.ndarray]:
 
 def shard_tokens(config: Config, tok: Tokenized) -> LocalShards:
     """Cut the token stream into llm.c shards in the local work directory."""
-    directory = work_dir(config, "shard")
+    directory = layout.data_step_dir(config, "shard")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / "shards.json"
     if done := _reuse(done_file, LocalShards, local_shards_ok):
@@ -321,7 +316,7 @@ def upload_shards(config: Config, local: LocalShards, source: sources.SourceFile
     """Copy shards to the artifact root atomically, then write the manifest last."""
     root = storage.normalize_url(config.runtime.root)
     storage.check_writable(root)
-    target, url = data_dir_url(config), manifest_url(config)
+    target, url = layout.data_dir(config), layout.manifest(config)
     for entry in local.shards:
         dest = storage.join(target, entry.path)
         if storage.size(dest) == entry.bytes:
@@ -361,7 +356,7 @@ def summarize(url: str, checksum: bool = False) -> PrepareResult:
 
 def prepare_data(config: Config, progress: Progress | None = None, show_progress: bool = True) -> PrepareResult:
     """All four steps in this process; returns at once when already complete."""
-    url = manifest_url(config)
+    url = layout.manifest(config)
     if storage.exists(url):
         return summarize(url)
     t0 = time.perf_counter()

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpt2 import storage
-from gpt2.checkpoint import load_model
-from gpt2.checkpoint_ref import CheckpointRef
+from gpt2.checkpoint.ref import CheckpointRef
+from gpt2.checkpoint.store import load_model
 from gpt2.export import hf, llmc
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.data.manifest import load_manifest, shard_url
+from gpt2 import layout
+from gpt2.data.manifest import load_manifest
 from gpt2.storage import local_path
 from tests.conftest import write_jsonl
 
@@ -55,7 +56,7 @@ def test_damaged_root_is_rebuilt(prefect_server, flow_args):
 
     first = data_flow(**flow_args())
     manifest = load_manifest(first["manifest"])
-    victim = local_path(shard_url(first["manifest"], manifest.shards[-1]))
+    victim = local_path(layout.shard(first["manifest"], manifest.shards[-1].path))
     victim.write_bytes(victim.read_bytes()[:-100])  # truncated by a bad copy
     repaired = data_flow(**flow_args())
     assert repaired["cached"] is False and "upload" not in repaired["cached_steps"]

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from flows.evaluate import eval_flow
 from flows.export import export_flow
-from gpt2 import storage
-from gpt2.checkpoint import checkpoint_url, run_dir_url, save_checkpoint
+from gpt2 import layout, storage
+from gpt2.checkpoint.store import save_checkpoint
 from gpt2.model import GPT
 from gpt2.tracking import default_tracking_uri
 
@@ -24,7 +24,7 @@ def make_checkpoint(config, step: int) -> str:
     model = GPT(config.model)
     with torch.no_grad():
         model.transformer.wte.weight.mul_(20)
-    url = checkpoint_url(run_dir_url(config), step)
+    url = layout.checkpoint_dir(layout.run_dir(config), step)
     save_checkpoint(url, model, torch.optim.AdamW(model.parameters()),
                     {"step": step, "config": config.model_dump(mode="json")}, {})
     return url
@@ -87,7 +87,7 @@ def test_cli_evaluate_and_export_print_one_json_line(stage):
     result = last_json(out.stdout)
     assert set(result["hellaswag"]) >= {"acc", "acc_norm", "acc_norm_per_token", "n"}
     assert result["hellaswag"]["n"] == 8 and result["mlflow_run_id"]
-    out = runner.invoke(app, ["export", *common, "--checkpoint", checkpoint_url(run_dir_url(config), 60)])
+    out = runner.invoke(app, ["export", *common, "--checkpoint", layout.checkpoint_dir(layout.run_dir(config), 60)])
     assert out.exit_code == 0, out.output
     result = last_json(out.stdout)
     assert {"hf_dir", "llmc_bin", "registered_model", "model_version"} <= set(result)
@@ -109,8 +109,8 @@ def test_cli_bad_input_fails_clearly(stage, tmp_path):
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    ckpt = checkpoint_url(run_dir_url(config), 60)
+    ckpt = layout.checkpoint_dir(layout.run_dir(config), 60)
     out = runner.invoke(app, ["export", "--root", str(blocker / "root"), *work, "--checkpoint", ckpt])
     assert out.exit_code == 1 and "is not writable" in out.stderr
     assert blocker.read_text() == "x"
-    assert not storage.exists(storage.join(run_dir_url(config), "export"))
+    assert not storage.exists(storage.join(layout.run_dir(config), "export"))

@@ -123,11 +123,11 @@ def _training_process(stack, run_id: str, timeout: float) -> psutil.Process:
 
 
 def _wait_checkpoint(config, proc: psutil.Process, timeout: float) -> int:
-    from gpt2 import checkpoint
+    from gpt2.checkpoint import store
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        latest = checkpoint.latest_checkpoint(config)
+        latest = store.latest_checkpoint(config)
         if latest:
             return int(latest.rsplit("_", 1)[1])
         assert proc.is_running(), "training ended before its first checkpoint"

@@ -9,7 +9,7 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.train import train_flow
-from gpt2 import checkpoint
+from gpt2.checkpoint import store
 from tests.gpt2.train_fixtures import TINY, tiny_config, write_dataset
 
 KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
@@ -35,7 +35,7 @@ def test_flow_trains_then_is_cached_and_fresh_starts_over(stage):
     before = len(progress_artifacts())
     first = train_flow(**args)
     assert KEYS <= set(first) and first["steps"] == 8 and not first["cached"]
-    assert first["checkpoint"] == checkpoint.latest_checkpoint(config)
+    assert first["checkpoint"] == store.latest_checkpoint(config)
     done = progress_artifacts()
     assert len(done) == before + 1 and max(a.data for a in done) == 100.0
 

@@ -8,9 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt2 import checkpoint, storage
+from gpt2 import layout, storage
+from gpt2.checkpoint import store
+from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
-from gpt2.optim import make_optimizer
+from gpt2.train.optim import make_optimizer
 from tests.gpt2.train_fixtures import tiny_config
 
 
@@ -25,9 +27,9 @@ def _trained_bits(config):
 
 
 def _save(config, model, opt, step):
-    url = checkpoint.checkpoint_url(checkpoint.run_dir_url(config), step)
+    url = layout.checkpoint_dir(layout.run_dir(config), step)
     state = {"step": step, "config": config.model_dump(mode="json"), "loader": {"shard": 0, "offset": 0, "epoch": 0}}
-    checkpoint.save_checkpoint(url, model, opt, state, {"cpu": torch.get_rng_state()})
+    store.save_checkpoint(url, model, opt, state, {"cpu": torch.get_rng_state()})
     return url
 
 
@@ -35,7 +37,7 @@ def test_layout_names_and_contents(tmp_path):
     config = tiny_config(tmp_path)
     model, opt = _trained_bits(config)
     url = _save(config, model, opt, 500)
-    assert url.endswith(f"/runs/synthetic-{checkpoint.train_fingerprint(config)[:12]}/checkpoints/step_000500")
+    assert url.endswith(f"/runs/synthetic-{train_fingerprint(config)[:12]}/checkpoints/step_000500")
     local = storage.local_path(url)
     assert sorted(p.name for p in local.iterdir()) == ["COMPLETE", "model.safetensors", "optimizer.pt", "rng.pt", "state.json"]
     tensors = load_file(local / "model.safetensors")
@@ -43,7 +45,7 @@ def test_layout_names_and_contents(tmp_path):
     torch.load(local / "optimizer.pt", weights_only=True)
     torch.load(local / "rng.pt", weights_only=True)
     assert json.loads((local / "state.json").read_text())["step"] == 500
-    assert checkpoint.latest_checkpoint(config) == url
+    assert store.latest_checkpoint(config) == url
 
 
 def test_run_name_ignores_runtime_settings(tmp_path):
@@ -51,14 +53,14 @@ def test_run_name_ignores_runtime_settings(tmp_path):
     b = tiny_config(tmp_path, **{"runtime.device": "auto", "runtime.nproc_per_node": 8, "runtime.compile": True,
                                  "eval.limit": 5})
     c = tiny_config(tmp_path, **{"train.lr": 1e-4})
-    assert checkpoint.run_name(a) == checkpoint.run_name(b) != checkpoint.run_name(c)
+    assert layout.run_name(a) == layout.run_name(b) != layout.run_name(c)
 
 
 def test_load_model_round_trips_weights_and_config(tmp_path):
     config = tiny_config(tmp_path)
     model, opt = _trained_bits(config)
     url = _save(config, model, opt, 2)
-    loaded, loaded_config = checkpoint.load_model(url)
+    loaded, loaded_config = store.load_model(url)
     assert loaded_config == config
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
@@ -70,12 +72,12 @@ def test_only_complete_checkpoints_count(tmp_path):
     model, opt = _trained_bits(config)
     good = _save(config, model, opt, 2)
     half = _save(config, model, opt, 4)
-    storage.remove(storage.join(half, checkpoint.MARKER))  # as if killed before the marker
-    assert checkpoint.latest_checkpoint(config) == good
+    storage.remove(storage.join(half, store.MARKER))  # as if killed before the marker
+    assert store.latest_checkpoint(config) == good
     truncated = _save(config, model, opt, 6)
     path = storage.local_path(storage.join(truncated, "optimizer.pt"))
     path.write_bytes(path.read_bytes()[:100])
-    assert checkpoint.latest_checkpoint(checkpoint.run_dir_url(config)) == good
+    assert store.latest_checkpoint(layout.run_dir(config)) == good
 
 
 def test_corrupt_latest_falls_back_with_a_warning(tmp_path, caplog):
@@ -87,22 +89,22 @@ def test_corrupt_latest_falls_back_with_a_warning(tmp_path, caplog):
     data = bytearray(path.read_bytes())
     data[-1] ^= 0xFF  # same size, so only the checksum notices
     path.write_bytes(bytes(data))
-    with pytest.raises(checkpoint.CheckpointError, match="model.safetensors"):
-        checkpoint.load_checkpoint(bad)
-    ckpt = checkpoint.resume_checkpoint(checkpoint.run_dir_url(config))
+    with pytest.raises(store.CheckpointError, match="model.safetensors"):
+        store.load_checkpoint(bad)
+    ckpt = store.resume_checkpoint(layout.run_dir(config))
     assert ckpt.url == good and ckpt.step == 2
     assert "falling back" in caplog.text and "model.safetensors" in caplog.text
-    assert checkpoint.latest_checkpoint(config) == good  # the damaged one is gone
+    assert store.latest_checkpoint(config) == good  # the damaged one is gone
 
 
 def test_prune_keeps_the_newest_k(tmp_path):
     config = tiny_config(tmp_path)
     model, opt = _trained_bits(config)
     urls = [_save(config, model, opt, s) for s in (2, 4, 6, 8)]
-    leftover = checkpoint.checkpoint_url(checkpoint.run_dir_url(config), 9)
+    leftover = layout.checkpoint_dir(layout.run_dir(config), 9)
     storage.write_bytes_atomic(storage.join(leftover, "model.safetensors"), b"partial")
-    checkpoint.prune(checkpoint.run_dir_url(config), keep=2)
-    assert checkpoint.complete_checkpoints(config) == [urls[3], urls[2]]
+    store.prune(layout.run_dir(config), keep=2)
+    assert store.complete_checkpoints(config) == [urls[3], urls[2]]
     assert not storage.exists(urls[0]) and not storage.exists(leftover)
 
 
@@ -110,8 +112,8 @@ def test_checkpoints_work_on_an_object_store_root():
     config = tiny_config("memory://ckpt-test")
     model, opt = _trained_bits(config)
     url = _save(config, model, opt, 3)
-    assert checkpoint.latest_checkpoint(config) == url
-    assert checkpoint.load_checkpoint(url).step == 3
-    loaded, _ = checkpoint.load_model(url)
+    assert store.latest_checkpoint(config) == url
+    assert store.load_checkpoint(url).step == 3
+    loaded, _ = store.load_model(url)
     assert torch.equal(loaded.transformer.wte.weight, model.transformer.wte.weight)
     storage.remove("memory://ckpt-test", recursive=True)

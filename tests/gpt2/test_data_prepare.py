@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpt2 import layout
 from gpt2.data import prepare, sources
-from gpt2.data.manifest import load_manifest, shard_url, verify_manifest
-from gpt2.data.shards import ShardError, read_shard
+from gpt2.data.llmc import ShardError, read_shard
+from gpt2.data.manifest import load_manifest, verify_manifest
 from gpt2.overrides import resolve_config
 from gpt2.storage import StorageError, local_path
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
@@ -31,7 +32,7 @@ def llmc_read(path: Path) -> np.ndarray:
 
 def shards_of(result) -> list[tuple[str, np.ndarray]]:
     manifest = load_manifest(result.manifest)
-    return [(e.split, llmc_read(local_path(shard_url(result.manifest, e)))) for e in manifest.shards]
+    return [(e.split, llmc_read(local_path(layout.shard(result.manifest, e.path)))) for e in manifest.shards]
 
 
 def test_smoke_shards_roundtrip_every_document(smoke_config):
@@ -121,7 +122,7 @@ def test_resume_after_kill_gives_identical_shards(smoke_config, tmp_path, prose_
     source = prepare.download_source(config)
     with pytest.raises(KeyboardInterrupt):
         prepare.tokenize_source(config, source, crash_after_some_parts, show_progress=False)
-    parts = sorted(prepare.work_dir(config, "tokenize").glob("part_*.json"))
+    parts = sorted(layout.data_step_dir(config, "tokenize").glob("part_*.json"))
     assert parts, "no part was sealed before the crash"
     resumed = prepare.prepare_data(config, show_progress=False)
     a, b = load_manifest(clean.manifest), load_manifest(resumed.manifest)
@@ -154,7 +155,7 @@ def test_unwritable_root_is_named(smoke_config, tmp_path):
 def test_corrupt_shard_is_named(smoke_config):
     result = prepare.prepare_data(smoke_config(), show_progress=False)
     manifest = load_manifest(result.manifest)
-    victim = local_path(shard_url(result.manifest, manifest.shards[1]))
+    victim = local_path(layout.shard(result.manifest, manifest.shards[1].path))
     data = bytearray(victim.read_bytes())
     data[2000] ^= 0xFF
     victim.write_bytes(bytes(data))
@@ -176,7 +177,7 @@ def test_split_sizes_val_first_then_train(smoke_config):
 
 
 def test_worker_pool_gives_the_same_stream_in_order(prose_docs):
-    from gpt2.data.tokenize import tokenize_stream
+    from gpt2.data.tokenize_pool import tokenize_stream
 
     batches = [[d["text"] for d in prose_docs[i:i + 37]] for i in range(0, 600, 37)]
     serial = list(tokenize_stream(batches, num_workers=1))

@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from gpt2 import storage
-from gpt2.checkpoint import checkpoint_url, run_dir_url, save_checkpoint
-from gpt2.checkpoint_ref import CheckpointNotFound, resolve_checkpoint
+from gpt2 import layout, storage
+from gpt2.checkpoint.ref import CheckpointNotFound, resolve_checkpoint
+from gpt2.checkpoint.store import save_checkpoint
 from gpt2.export import writer
 from gpt2.export.hf import write_hf_dir
 from gpt2.export.llmc import write_model_bin, write_tokenizer_bin
@@ -27,7 +27,7 @@ TRICKY = "Hello world!  Zoë’s crème brûlée — 二胡 🚀\n\n<|endoftext|
 def make_checkpoint(config, step: int, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     model = GPT(config.model)
-    save_checkpoint(checkpoint_url(run_dir_url(config), step), model, torch.optim.AdamW(model.parameters()),
+    save_checkpoint(layout.checkpoint_dir(layout.run_dir(config), step), model, torch.optim.AdamW(model.parameters()),
                     {"step": step, "config": config.model_dump(mode="json")}, {})
     return model
 
@@ -112,9 +112,9 @@ def test_export_checkpoint_writes_both_under_the_run(smoke_config):
     config = smoke_config()
     model = make_checkpoint(config, 20)
     make_checkpoint(config, 40, seed=1)
-    ref = resolve_checkpoint(config, checkpoint_url(run_dir_url(config), 20))
+    ref = resolve_checkpoint(config, layout.checkpoint_dir(layout.run_dir(config), 20))
     result = writer.export_checkpoint(ref, config.runtime.root)
-    assert result.export_dir == f"{run_dir_url(config)}/export/step_000020"
+    assert result.export_dir == f"{layout.run_dir(config)}/export/step_000020"
     assert result.llmc_bin.endswith("/llmc/gpt2_3M.bin")
     manifest = storage.read_json(storage.join(result.export_dir, "manifest.json"))
     assert manifest["step"] == 20 and "hf/model.safetensors" in manifest["files"]
@@ -134,7 +134,7 @@ def test_missing_checkpoints_are_clear_errors(smoke_config, tmp_path):
     with pytest.raises(CheckpointNotFound, match="does not exist or is incomplete"):
         resolve_checkpoint(config, str(tmp_path / "nowhere" / "step_000001"))
     make_checkpoint(config, 20)
-    url = checkpoint_url(run_dir_url(config), 20)
+    url = layout.checkpoint_dir(layout.run_dir(config), 20)
     storage.remove(storage.join(url, "COMPLETE"))
     with pytest.raises(CheckpointNotFound, match="incomplete"):
         resolve_checkpoint(config, url)

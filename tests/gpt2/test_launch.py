@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.launch import parse_step, torchrun_command
+from gpt2.train.launch import parse_step, torchrun_command
 
 
 def _loop_line(caplog, **extra) -> str:
-    """A progress line exactly as gpt2.loop formats it."""
-    log = logging.getLogger("gpt2.loop")
-    with caplog.at_level(logging.INFO, logger="gpt2.loop"):
+    """A progress line exactly as gpt2.train.loop formats it."""
+    log = logging.getLogger("gpt2.train.loop")
+    with caplog.at_level(logging.INFO, logger="gpt2.train.loop"):
         log.info("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s", 12, 60, 7.12345, 1e-3, 0.8123,
                  15321.7, extra.get("tail", ""))
-    return "2026-01-01 00:00:00 [rank 0] INFO gpt2.loop: " + caplog.records[-1].getMessage()
+    return "2026-01-01 00:00:00 [rank 0] INFO gpt2.train.loop: " + caplog.records[-1].getMessage()
 
 
 def test_progress_lines_parse(caplog):
@@ -26,7 +26,7 @@ def test_progress_lines_parse(caplog):
     assert info.mfu is None and info.val_loss is None and info.fraction == pytest.approx(0.2)
     info = parse_step(_loop_line(caplog, tail=" | mfu 41.5% | val 3.2810"))
     assert info.mfu == pytest.approx(0.415) and info.val_loss == pytest.approx(3.281)
-    assert parse_step("INFO gpt2.loop: checkpoint file:///x written") is None
+    assert parse_step("INFO gpt2.train.loop: checkpoint file:///x written") is None
 
 
 def test_torchrun_command_runs_the_trainer_module():

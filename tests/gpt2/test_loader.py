@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2 import storage
+from gpt2 import layout, storage
+from gpt2.data.llmc import ShardError, write_shard
 from gpt2.data.loader import ShardSource, TrainLoader, val_batches
-from gpt2.data.manifest import load_manifest, manifest_url, shard_url
-from gpt2.data.shards import ShardError, write_shard
-from gpt2.distributed import DistEnv
+from gpt2.data.manifest import load_manifest
+from gpt2.train.distributed import DistEnv
 from tests.gpt2.train_fixtures import tiny_config, write_dataset
 
 CPU = torch.device("cpu")
@@ -23,7 +23,7 @@ def env(rank=0, world=1) -> DistEnv:
 
 
 def loader(config, tmp_path, rank=0, world=1, micro=4, total=256) -> TrainLoader:
-    url = manifest_url(config)
+    url = layout.manifest(config)
     source = ShardSource(url, load_manifest(url), tmp_path / "cache", env(rank, world))
     return TrainLoader(source, config.model.block_size, total, micro, env(rank, world))
 
@@ -93,7 +93,7 @@ def test_position_round_trips_through_a_checkpoint(data, tmp_path):
 
 
 def test_validation_set_does_not_depend_on_world_size(data, tmp_path):
-    url = manifest_url(data)
+    url = layout.manifest(data)
     manifest = load_manifest(url)
 
     def sequences(world, micro):
@@ -120,7 +120,7 @@ def test_remote_shards_are_cached_and_verified(tmp_path):
     entry = load_manifest(url).split("train")[0]
     buf = io.BytesIO()
     write_shard(buf, np.zeros(1000, dtype=np.uint16))
-    storage.write_bytes_atomic(shard_url(url, entry), buf.getvalue())
+    storage.write_bytes_atomic(layout.shard(url, entry.path), buf.getvalue())
     cached[0].unlink()
     with pytest.raises(ShardError, match=entry.path):
         loader(config, tmp_path).next_batches()

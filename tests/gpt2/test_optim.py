@@ -9,7 +9,7 @@ import torch
 
 from gpt2.config import ModelConfig, TrainConfig
 from gpt2.model import GPT
-from gpt2.optim import lr_at, make_optimizer, param_groups
+from gpt2.train.optim import lr_at, make_optimizer, param_groups
 
 
 def test_warmup_is_linear_and_reaches_the_peak():

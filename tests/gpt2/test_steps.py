@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv
 from gpt2.model import GPT
-from gpt2.optim import make_optimizer
-from gpt2.steps import StepContext, divisors_desc, evaluate, find_micro_batch, train_step
+from gpt2.train.distributed import DistEnv
+from gpt2.train.optim import make_optimizer
+from gpt2.train.step import StepContext, divisors_desc, evaluate, find_micro_batch, train_step
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)

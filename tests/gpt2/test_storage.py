@@ -13,7 +13,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.data import prepare
 from gpt2.data.manifest import load_manifest, verify_manifest
 from gpt2.overrides import resolve_config
@@ -59,7 +59,7 @@ def test_failure_mid_upload_leaves_no_partial_file(tmp_path):
     assert "manifest.json" not in names
     assert len(names) == 3 and not any(".tmp" in n for n in names), names
     d = f"/bucket/root/data/{load_dir(fs)}"
-    local = {p.name: p.stat().st_size for p in prepare.work_dir(config, "shard").glob("*.bin")}
+    local = {p.name: p.stat().st_size for p in layout.data_step_dir(config, "shard").glob("*.bin")}
     for name in names:  # what is visible under a final name is whole
         assert fs.size(f"{d}/{name}") == local[name]
     FlakyMemoryFileSystem.budget = 10**6

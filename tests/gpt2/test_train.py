@@ -10,12 +10,14 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from gpt2 import checkpoint, storage
-from gpt2.memory import cpu_limit
+from gpt2 import layout, storage
+from gpt2.checkpoint import store
+from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
-from gpt2.session import TrainingError
 from gpt2.tracking import default_tracking_uri
-from gpt2.train import train
+from gpt2.train.memory import cpu_limit
+from gpt2.train.run import train
+from gpt2.train.session import TrainingError
 from tests.gpt2.train_fixtures import tiny_config, write_dataset
 
 
@@ -56,14 +58,14 @@ def test_run_reports_checkpoints_and_learns(finished):
     root, result = finished
     config = tiny_config(root, **IN_LOOP_HELLASWAG)
     assert result.steps == 8 and result.resumed_from_step == 0 and result.world_size == 1
-    assert result.checkpoint == checkpoint.checkpoint_url(checkpoint.run_dir_url(config), 8)
-    assert result.run_name == checkpoint.run_name(config)
+    assert result.checkpoint == layout.checkpoint_dir(layout.run_dir(config), 8)
+    assert result.run_name == layout.run_name(config)
     # keep_checkpoints=3 of the four written (every 2 steps)
-    assert [u.rsplit("/", 1)[1] for u in checkpoint.complete_checkpoints(config)] == [
+    assert [u.rsplit("/", 1)[1] for u in store.complete_checkpoints(config)] == [
         "step_000008", "step_000006", "step_000004"]
     state = storage.read_json(storage.join(result.checkpoint, "state.json"))
     assert state["step"] == 8 and state["config"] == config.model_dump(mode="json")
-    assert state["train_fingerprint"] == checkpoint.train_fingerprint(config)
+    assert state["train_fingerprint"] == train_fingerprint(config)
     assert state["val_loss"] == result.final_val_loss and state["mlflow_run_id"] == result.mlflow_run_id
     assert state["loader"] == {"shard": 0, "offset": 8 * 256, "epoch": 0}
     history = state["history"]["train"]
@@ -102,7 +104,7 @@ def test_rerun_of_a_finished_run_changes_nothing(finished, tmp_path):
 def test_corrupt_latest_checkpoint_falls_back_and_ends_identically(finished, tmp_path, caplog):
     config = copy_root(finished, tmp_path)
     _, first = finished
-    latest = checkpoint.latest_checkpoint(config)
+    latest = store.latest_checkpoint(config)
     expected = weights(latest)
     path = storage.local_path(storage.join(latest, "model.safetensors"))
     data = bytearray(path.read_bytes())
@@ -134,7 +136,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_p
     with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step 2 of 8") as err:
         train(config)
     assert "step_000001" in str(err.value)
-    assert checkpoint.latest_checkpoint(config).endswith("step_000001")
+    assert store.latest_checkpoint(config).endswith("step_000001")
 
 
 def test_out_of_memory_mid_run_names_the_setting(tmp_path):
@@ -143,7 +145,7 @@ def test_out_of_memory_mid_run_names_the_setting(tmp_path):
     with pytest.raises(TrainingError, match=r"train\.micro_batch_size") as err:
         train(config)
     assert "step 1" in str(err.value) and "runtime.memory_limit_mb=60" in str(err.value)
-    assert checkpoint.latest_checkpoint(config) is None
+    assert store.latest_checkpoint(config) is None
 
 
 def _fits(config, batch: int) -> bool:
@@ -185,6 +187,6 @@ def test_tracking_outage_does_not_stop_training(tmp_path, monkeypatch, caplog):
     write_dataset(config)
     result = train(config)
     assert result.steps == 4 and result.final_val_loss is not None
-    assert checkpoint.latest_checkpoint(config).endswith("step_000004")
+    assert store.latest_checkpoint(config).endswith("step_000004")
     assert result.mlflow_run_id is None
     assert "unavailable" in caplog.text and "not sent" in caplog.text

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2 import checkpoint, storage
-from gpt2.train import PREEMPTED_EXIT_CODE, train
+from gpt2 import layout, storage
+from gpt2.checkpoint import store
+from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.test_train import weights
 from tests.gpt2.train_fixtures import tiny_config, write_dataset, write_run_json
 
@@ -70,7 +71,7 @@ def kill_mid_checkpoint(proc: subprocess.Popen, run_dir: str, timeout: float = 1
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
     while time.monotonic() < deadline and proc.poll() is None:
         for d in base.glob("step_*") if base.exists() else []:
-            if not (d / checkpoint.MARKER).exists():
+            if not (d / store.MARKER).exists():
                 proc.kill()
                 proc.wait()
                 return d.name
@@ -92,16 +93,16 @@ def test_sigkill_at_arbitrary_points_then_rerun_ends_exactly_like_an_uninterrupt
     ref_config, ref = reference
     config = tiny_config(tmp_path)
     write_dataset(config)
-    run_dir = checkpoint.run_dir_url(config)
+    run_dir = layout.run_dir(config)
 
     proc, lines = launch(config, tmp_path), []
     wait_for(proc, "step 3/8", lines)  # between checkpoints
     proc.kill()
     proc.wait()
-    assert checkpoint.latest_checkpoint(config).endswith("step_000002")
+    assert store.latest_checkpoint(config).endswith("step_000002")
 
     torn = kill_mid_checkpoint(launch(config, tmp_path), run_dir)  # in the middle of writing one
-    assert torn not in (checkpoint.latest_checkpoint(config) or "")
+    assert torn not in (store.latest_checkpoint(config) or "")
 
     result = run_to_end(config, tmp_path)
     assert result["resumed_from_step"] >= 2 and result["steps"] == 8
@@ -110,8 +111,8 @@ def test_sigkill_at_arbitrary_points_then_rerun_ends_exactly_like_an_uninterrupt
     ours, theirs = weights(result["checkpoint"]), weights(ref["checkpoint"])
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     # The optimizer state too: the run can keep going identically.
-    a = storage.read_json(storage.join(result["checkpoint"], checkpoint.MARKER))["files"]
-    b = storage.read_json(storage.join(ref["checkpoint"], checkpoint.MARKER))["files"]
+    a = storage.read_json(storage.join(result["checkpoint"], store.MARKER))["files"]
+    b = storage.read_json(storage.join(ref["checkpoint"], store.MARKER))["files"]
     assert a["optimizer.pt"]["sha256"] == b["optimizer.pt"]["sha256"]
 
 
@@ -124,7 +125,7 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_exits_nonzero(referen
     proc.send_signal(signal.SIGTERM)
     code = finish(proc, lines)
     assert code == PREEMPTED_EXIT_CODE, "".join(lines[-20:])
-    latest = checkpoint.latest_checkpoint(config)
+    latest = store.latest_checkpoint(config)
     stopped_at = storage.read_json(storage.join(latest, "state.json"))["step"]
     assert 3 <= stopped_at < 8 and latest.endswith(f"step_{stopped_at:06d}")
     assert any("SIGTERM" in line for line in lines)
@@ -143,7 +144,7 @@ def test_ddp_two_gloo_processes_match_one_process_with_accumulation(reference, t
 
     # Resume the 2-process run's step-4 checkpoint in one process: same global
     # batches, so it lands where the uninterrupted single-process run did.
-    for url in checkpoint.complete_checkpoints(config):
+    for url in store.complete_checkpoints(config):
         if not url.endswith("step_000004"):
             shutil.rmtree(storage.local_path(url))
     resumed = train(config)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.data.manifest import Manifest, ShardEntry, data_dir_url, manifest_url
-from gpt2.data.shards import write_shard
+from gpt2.data.llmc import write_shard
+from gpt2.data.manifest import Manifest, ShardEntry
 from gpt2.identity import data_fingerprint
 from gpt2.overrides import resolve_config
 
@@ -53,7 +53,7 @@ def write_dataset(config: Config, train_shards: int = 2, shard_tokens: int = 409
                   val_tokens: int = 1024, seed: int = 0) -> str:
     """Write shards + manifest.json for `config`; returns the manifest URL."""
     rng = np.random.default_rng(seed)
-    directory = data_dir_url(config)
+    directory = layout.data_dir(config)
     entries = []
     plan = [("val", val_tokens)] + [("train", shard_tokens)] * train_shards
     for i, (split, n) in enumerate(plan):
@@ -65,8 +65,8 @@ def write_dataset(config: Config, train_shards: int = 2, shard_tokens: int = 409
     manifest = Manifest(name=f"{config.data.name}-{data_fingerprint(config)[:12]}", fingerprint=data_fingerprint(config),
                         tokenizer={"name": "gpt2"}, source={"kind": "synthetic", "seed": seed},
                         data_config=config.data.model_dump(mode="json"), shards=entries)
-    storage.write_json_atomic(manifest_url(config), manifest.model_dump(mode="json"))
-    return manifest_url(config)
+    storage.write_json_atomic(layout.manifest(config), manifest.model_dump(mode="json"))
+    return layout.manifest(config)
 
 
 def write_run_json(config: Config, path: Path) -> Path:

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import checkpoint
-from gpt2.checkpoint_writer import CheckpointWriter
-from gpt2.distributed import all_reduce, any_rank, autocast
+from gpt2 import layout
+from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag
 from gpt2.identity import train_fingerprint
-from gpt2.optim import lr_at, set_lr
-from gpt2.progress import Progress, StepInfo
-from gpt2.report import loss_curve_png, text_samples
-from gpt2.session import Session, TrainingError, rng_state
-from gpt2.steps import evaluate, train_step
-from gpt2.throughput import Throughput, mfu, now, peak_flops, synchronize
 from gpt2.tracking import Tracker
+from gpt2.train.distributed import all_reduce, any_rank, autocast
+from gpt2.train.optim import lr_at, set_lr
+from gpt2.train.progress import Progress, StepInfo
+from gpt2.train.report import loss_curve_png, text_samples
+from gpt2.train.session import Session, TrainingError, rng_state
+from gpt2.train.step import evaluate, train_step
+from gpt2.train.throughput import Throughput, mfu, now, peak_flops, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,11 @@ class Loop:
     def __init__(self, session: Session, progress: Progress | None, parent_run_id: str | None,
                  tags: dict | None, stop) -> None:
         self.s, self.cfg, self.progress, self.stop = session, session.config, progress, stop
-        self.run_name, self.run_dir = checkpoint.run_name(self.cfg), checkpoint.run_dir_url(self.cfg)
+        self.run_name, self.run_dir = layout.run_name(self.cfg), layout.run_dir(self.cfg)
         state = session.resumed_state
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
-        resumed_url = checkpoint.checkpoint_url(self.run_dir, session.start_step) if state else None
+        resumed_url = layout.checkpoint_dir(self.run_dir, session.start_step) if state else None
         # Only rank 0 writes; the others keep no writer.
         self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, resumed_url) \
             if session.env.is_main else None
@@ -215,7 +215,7 @@ class Loop:
     def _save(self, done: int) -> None:
         self.saved_step = done
         if self.writer is not None:
-            url = checkpoint.checkpoint_url(self.run_dir, done)
+            url = layout.checkpoint_dir(self.run_dir, done)
             held = self.writer.submit(url, self.s.raw_model, self.s.optimizer, self._state(done),
                                       rng_state(self.s.env.device))
             log.debug("checkpoint %s snapshot took %.3fs; writing in the background", url, held)

@@ -14,8 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from gpt2 import checkpoint
-from gpt2.throughput import now
+from gpt2.checkpoint import store
+from gpt2.train.throughput import now
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +31,14 @@ class CheckpointWriter:
         """Snapshot now, write later; returns the seconds the caller was held."""
         t0 = now()
         self.wait()
-        tensors, opt_state = checkpoint.snapshot(model, optimizer)
+        tensors, opt_state = store.snapshot(model, optimizer)
         self._pending = (self._pool.submit(self._write, url, tensors, opt_state, state, rng), url)
         return now() - t0
 
     def _write(self, url: str, tensors: dict, opt_state: dict, state: dict, rng: dict) -> None:
         t0 = now()
-        checkpoint.write_checkpoint(url, tensors, opt_state, state, rng)
-        checkpoint.prune(self.run_dir, self.keep)
+        store.write_checkpoint(url, tensors, opt_state, state, rng)
+        store.prune(self.run_dir, self.keep)
         log.info("checkpoint %s written in %.2fs", url, now() - t0)
 
     def wait(self) -> str | None:

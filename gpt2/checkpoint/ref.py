@@ -11,8 +11,8 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from gpt2 import storage
-from gpt2.checkpoint import MARKER, latest_checkpoint, run_dir_url
+from gpt2 import layout, storage
+from gpt2.checkpoint.store import MARKER, latest_checkpoint
 from gpt2.config import Config
 
 
@@ -38,13 +38,13 @@ class CheckpointRef:
 
     @property
     def step_name(self) -> str:
-        return f"step_{self.step:06d}"
+        return layout.step_name(self.step)
 
     def output_dir(self, root: str, stage: str) -> str:
         """Where a stage writes what it derives from this checkpoint:
         {root}/runs/{run}/{stage}/step_000060 (the checkpoint's own run
         directory when it lives under `root`)."""
-        return storage.join(storage.normalize_url(root), "runs", self.run_name, stage, self.step_name)
+        return layout.stage_output_dir(root, self.run_name, stage, self.step)
 
 
 def resolve_checkpoint(config: Config, checkpoint: str | None = "latest") -> CheckpointRef:
@@ -54,7 +54,7 @@ def resolve_checkpoint(config: Config, checkpoint: str | None = "latest") -> Che
         url = latest_checkpoint(config)
         if url is None:
             raise CheckpointNotFound(
-                f"no complete checkpoint under {run_dir_url(config)}/checkpoints; train first "
+                f"no complete checkpoint under {layout.run_dir(config)}/checkpoints; train first "
                 "(gpt2 train with the same preset and --set options) or pass --checkpoint URL"
             )
     else:

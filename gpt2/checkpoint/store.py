@@ -29,9 +29,8 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
 
 log = logging.getLogger(__name__)
@@ -59,21 +58,9 @@ class Checkpoint:
         return int(self.state["step"])
 
 
-def run_name(config: Config) -> str:
-    return f"{config.data.name}-{train_fingerprint(config)[:12]}"
-
-
-def run_dir_url(config: Config) -> str:
-    return storage.join(storage.normalize_url(config.runtime.root), "runs", run_name(config))
-
-
-def checkpoint_url(run_dir: str, step: int) -> str:
-    return storage.join(run_dir, "checkpoints", f"step_{step:06d}")
-
-
 def _step_dirs(run_dir: str) -> list[tuple[int, str]]:
     """(step, url) of every step directory, newest first, complete or not."""
-    base = storage.join(run_dir, "checkpoints")
+    base = layout.checkpoints_dir(run_dir)
     found = [(int(m.group(1)), storage.join(base, name))
              for name in storage.list_dir(base) if (m := _STEP_DIR.match(name))]
     return sorted(found, reverse=True)
@@ -88,7 +75,7 @@ def _marker(url: str) -> dict | None:
 
 def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
     """URLs of the checkpoints whose marker exists and whose file sizes match it, newest first."""
-    run_dir = run_dir_url(config_or_run_dir) if isinstance(config_or_run_dir, Config) else config_or_run_dir
+    run_dir = layout.run_dir(config_or_run_dir) if isinstance(config_or_run_dir, Config) else config_or_run_dir
     out = []
     for _, url in _step_dirs(storage.normalize_url(run_dir)):
         marker = _marker(url)
@@ -238,4 +225,4 @@ def clear_run(run_dir: str) -> None:
     """Delete every checkpoint of a run (`--fresh`)."""
     for _, url in _step_dirs(run_dir):
         storage.remove(storage.join(url, MARKER))
-    storage.remove(storage.join(run_dir, "checkpoints"), recursive=True)
+    storage.remove(layout.checkpoints_dir(run_dir), recursive=True)

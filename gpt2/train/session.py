@@ -15,15 +15,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2 import checkpoint, memory
+from gpt2 import layout
+from gpt2.checkpoint import store
 from gpt2.config import Config
 from gpt2.data.loader import ShardSource, TrainLoader, val_batches
-from gpt2.data.manifest import load_manifest, manifest_url
-from gpt2.distributed import DistEnv, amp_dtype, barrier
+from gpt2.data.manifest import load_manifest
 from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
-from gpt2.optim import make_optimizer
-from gpt2.steps import Batch, StepContext, find_micro_batch
+from gpt2.train import memory
+from gpt2.train.distributed import DistEnv, amp_dtype, barrier
+from gpt2.train.optim import make_optimizer
+from gpt2.train.step import Batch, StepContext, find_micro_batch
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +60,19 @@ def check_batch_shape(config: Config, world_size: int) -> int:
     return total // (T * world_size)
 
 
-def resume_from(run_dir: str, env: DistEnv, fresh: bool) -> checkpoint.Checkpoint | None:
+def resume_from(run_dir: str, env: DistEnv, fresh: bool) -> store.Checkpoint | None:
     """Rank 0 picks (and on --fresh clears) the checkpoint; every rank loads it."""
     ckpt = None
     if env.is_main:
         if fresh:
             log.info("--fresh: deleting the checkpoints of %s", run_dir)
-            checkpoint.clear_run(run_dir)
-        ckpt = checkpoint.resume_checkpoint(run_dir)
+            store.clear_run(run_dir)
+        ckpt = store.resume_checkpoint(run_dir)
     if env.is_distributed:
         box = [ckpt.url if ckpt else None]
         dist.broadcast_object_list(box, src=0)
         if not env.is_main and box[0]:
-            ckpt = checkpoint.load_checkpoint(box[0])
+            ckpt = store.load_checkpoint(box[0])
     if ckpt:
         log.info("resuming from %s (step %d)", ckpt.url, ckpt.step)
     return ckpt
@@ -116,10 +118,10 @@ def _micro_batch(config: Config, model: torch.nn.Module, raw: GPT, seqs_per_rank
 
 
 def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
-    url = manifest_url(config)
+    url = layout.manifest(config)
     manifest = load_manifest(url)
     seqs_per_rank = check_batch_shape(config, env.world_size)
-    ckpt = resume_from(checkpoint.run_dir_url(config), env, fresh)
+    ckpt = resume_from(layout.run_dir(config), env, fresh)
     if ckpt and ckpt.state.get("train_fingerprint", train_fingerprint(config)) != train_fingerprint(config):
         raise TrainingError(f"checkpoint {ckpt.url} belongs to another training identity; "
                             "its directory was copied or renamed by hand")
@@ -128,7 +130,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     torch.manual_seed(config.train.seed)  # weights init is the same on every device
     raw = GPT(config.model)
     if ckpt:
-        checkpoint.load_weights(raw, ckpt.model)
+        store.load_weights(raw, ckpt.model)
     raw.to(env.device)
     optimizer = make_optimizer(raw, config.train, env.device_type)
     if ckpt:
@@ -140,7 +142,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     if env.is_distributed:
         model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
 
-    source = ShardSource(url, manifest, config.runtime.work_root, env)
+    source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name), env)
     loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
     if ckpt and "loader" in ckpt.state:
         loader.load_state_dict(ckpt.state["loader"])

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from gpt2.config import Config
-from gpt2.progress import Progress, StepInfo
-from gpt2.session import TrainingError
-from gpt2.train import Preempted, TrainResult, train
+from gpt2.train.progress import Progress, StepInfo
+from gpt2.train.run import Preempted, TrainResult, train
+from gpt2.train.session import TrainingError
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One optimizer step, one validation pass, and the micro-batch search.
 
 These are the pieces of the training loop that touch tensors; the loop itself
-(gpt2.train) only sequences them, checkpoints and reports.
+(gpt2.train.run) only sequences them, checkpoints and reports.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2 import memory
-from gpt2.distributed import DistEnv, all_reduce, autocast
-from gpt2.throughput import synchronize
+from gpt2.train import memory
+from gpt2.train.distributed import DistEnv, all_reduce, autocast
+from gpt2.train.throughput import synchronize
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,144 @@
+"""Every path under the artifact root and the local work dir, from a config.
+
+The one place that knows where things live; every other module asks here.
+Names are readable plus a short identity hash (gpt2.identity), so a path
+changes only when what it holds would:
+
+    <root>/
+      data/<name>-<data fp>/            manifest.json + llm.c shards
+      runs/<name>-<train fp>/           one training run
+        checkpoints/step_000500/        a checkpoint (gpt2.checkpoint.store)
+        eval/step_000500/hellaswag.json
+        export/step_000500/{hf,llmc}/
+      pipeline/parents/<flow run>.json  the parent flow's MLflow run id
+      pipeline/stage-results/<flow run>.json
+      mlflow.db, mlflow-artifacts/      the embedded MLflow store (local roots)
+      .prefect/results/                 Prefect task results
+
+    <work dir>/
+      data/<name>-<step>-<step fp>/     the data steps' local outputs
+      shards/<name>/                    remote shards cached for training
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from gpt2 import storage
+from gpt2.config import Config
+from gpt2.identity import data_fingerprint, data_step_fingerprint, train_fingerprint
+
+MANIFEST_NAME = "manifest.json"
+HASH_CHARS = 12
+"""Characters of an identity hash in a directory name."""
+
+
+def root(config: Config) -> str:
+    """The artifact root as an absolute URL (local paths become file://…)."""
+    return storage.normalize_url(config.runtime.root)
+
+
+# --- data -----------------------------------------------------------------
+
+
+def data_dir(config: Config) -> str:
+    """Where a config's shards live: readable name + short identity hash."""
+    return storage.join(root(config), "data", f"{config.data.name}-{data_fingerprint(config)[:HASH_CHARS]}")
+
+
+def manifest(config: Config) -> str:
+    return storage.join(data_dir(config), MANIFEST_NAME)
+
+
+def shard(manifest_url: str, name: str) -> str:
+    """A shard named in a manifest lives beside it."""
+    return storage.join(posixpath.dirname(manifest_url), name)
+
+
+def data_step_dir(config: Config, step: str) -> Path:
+    """Local scratch directory of one data step's outputs, named by that step's identity."""
+    name = f"{config.data.name}-{step}-{data_step_fingerprint(config, step)[:HASH_CHARS]}"
+    return config.runtime.work_root / "data" / name
+
+
+def shard_cache_dir(config: Config, dataset_name: str) -> Path:
+    """Local copies of a remote root's shards, for the trainer."""
+    return config.runtime.work_root / "shards" / dataset_name
+
+
+# --- training runs and checkpoints ----------------------------------------
+
+
+def run_name(config: Config) -> str:
+    """A training run's name: depends on the training identity only, so the
+    device, the GPU count or the root's location never orphan a run."""
+    return f"{config.data.name}-{train_fingerprint(config)[:HASH_CHARS]}"
+
+
+def run_dir(config: Config) -> str:
+    return run_dir_under(root(config), run_name(config))
+
+
+def run_dir_under(root_url: str, name: str) -> str:
+    return storage.join(storage.normalize_url(root_url), "runs", name)
+
+
+def checkpoints_dir(run_dir_url: str) -> str:
+    return storage.join(run_dir_url, "checkpoints")
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def checkpoint_dir(run_dir_url: str, step: int) -> str:
+    return storage.join(checkpoints_dir(run_dir_url), step_name(step))
+
+
+def fresh_marker(run_dir_url: str, flow_run_id: str | None) -> str:
+    """Records that one flow run already applied --fresh (it must not twice)."""
+    return storage.join(run_dir_url, f".fresh-{flow_run_id or 'local'}")
+
+
+def stage_output_dir(root_url: str, run: str, stage: str, step: int) -> str:
+    """What a stage derives from one checkpoint: runs/<run>/<stage>/step_NNNNNN."""
+    return storage.join(run_dir_under(root_url, run), stage, step_name(step))
+
+
+# --- orchestration and tracking -------------------------------------------
+
+
+def prefect_results(config: Config) -> str:
+    return storage.join(root(config), ".prefect", "results")
+
+
+def stage_result(config: Config, flow_run_id: str) -> str:
+    """A stage flow run's small JSON result, for a parent on another machine."""
+    return storage.join(root(config), "pipeline", "stage-results", f"{flow_run_id}.json")
+
+
+def parent_record(config: Config, flow_run_id: str) -> str:
+    """The parent flow run's MLflow run id, so a rescheduled parent reopens it."""
+    return storage.join(root(config), "pipeline", "parents", f"{flow_run_id}.json")
+
+
+def local_root(config: Config) -> Path | None:
+    """The root as a local directory, None for remote roots (by scheme, not
+    via fsspec: instantiating a cloud filesystem may probe for credentials)."""
+    url = root(config)
+    return Path(url[len("file://"):]) if url.startswith("file://") else None
+
+
+def mlflow_db(config: Config) -> Path:
+    """The embedded SQLite tracking store: beside a local root, else in the work dir."""
+    return (local_root(config) or config.runtime.work_root) / "mlflow.db"
+
+
+def mlflow_artifacts(config: Config) -> str:
+    """Experiment artifacts under the root when MLflow can write there (file,
+    gs, s3); other roots use the work dir."""
+    url = root(config)
+    if url.split("://", 1)[0] in ("file", "gs", "s3"):
+        return storage.join(url, "mlflow-artifacts")
+    return (config.runtime.work_root / "mlflow-artifacts").as_uri()

@@ -1,0 +1,72 @@
+"""The training stage's command line: train GPT-2 on the data stage's shards, resumably.
+
+    python -m gpt2.train --config run.json                    # one device
+    torchrun --standalone --nproc_per_node=8 -m gpt2.train --config run.json
+    python -m gpt2.train --config run.json --fresh            # start over
+
+`run.json` is a full config (`gpt2 config show ... > run.json`). Rerunning the
+same config resumes from the newest complete checkpoint. Exit codes: 0 done,
+1 failed, 143 stopped by SIGTERM after writing a checkpoint (rerun to resume).
+With --result PATH rank 0 also writes the result as JSON there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from gpt2.config import Config
+from gpt2.train.progress import ProgressBar
+from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
+from gpt2.train.session import TrainingError
+
+log = logging.getLogger("gpt2.train")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gpt2.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, type=Path, help="full config JSON (gpt2 config show > run.json)")
+    parser.add_argument("--fresh", action="store_true", help="delete this run's checkpoints and start over")
+    parser.add_argument("--result", type=Path, help="rank 0 writes the result JSON here")
+    parser.add_argument("--parent-run-id", help="MLflow run to nest this run under")
+    parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="MLflow tag (repeatable)")
+    return parser.parse_args(argv)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    rank = _rank()
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    config = Config.model_validate(json.loads(args.config.read_text()))
+    bar = ProgressBar(config.train.max_steps) if rank == 0 else None
+    try:
+        tags = dict(t.split("=", 1) for t in args.tag)
+        result = train(config, fresh=args.fresh, progress=bar, parent_run_id=args.parent_run_id, tags=tags)
+    except Preempted as err:
+        log.warning("%s", err)
+        return PREEMPTED_EXIT_CODE
+    except (TrainingError, FileNotFoundError) as err:
+        log.error("%s", err)
+        return 1
+    finally:
+        if bar is not None:
+            bar.close()
+    if rank == 0:
+        text = json.dumps(result.to_dict())
+        if args.result:
+            args.result.write_text(text + "\n")
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
