@@ -74,18 +74,9 @@ def prefect_env() -> None:
 def user_errors() -> tuple[type[Exception], ...]:
     """Errors caused by input or environment, each with a message naming the bad
     thing and what to do: shown as one line, not a traceback."""
-    from gpt2.checkpoint.ref import CheckpointNotFound
-    from gpt2.checkpoint.store import CheckpointError
-    from gpt2.data.llmc import ShardError
-    from gpt2.data.prepare import EmptyCorpusError
-    from gpt2.data.sources import SourceError
-    from gpt2.export.writer import ExportError
-    from gpt2.hellaswag.items import HellaSwagDataError
-    from gpt2.storage import StorageError
-    from gpt2.train.session import TrainingError
+    from gpt2.errors import UserError
 
-    return (SourceError, EmptyCorpusError, ShardError, StorageError, FileNotFoundError, TrainingError,
-            CheckpointError, CheckpointNotFound, HellaSwagDataError, ExportError)
+    return (UserError, FileNotFoundError)
 
 
 def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Optional[str],

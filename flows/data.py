@@ -14,25 +14,27 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
-from prefect.runtime import flow_run
 
 from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.data import prepare
+from gpt2.data.download import source_ok
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import load_manifest
+from gpt2.data.prepare import summarize
+from gpt2.data.shard import local_shards_ok
+from gpt2.data.tokenize import tokenized_ok
 from gpt2.identity import data_fingerprint
 from gpt2.overrides import resolve_config
-from gpt2.tracking import Tracker
 from tasks.common import bind, run_cached
 from tasks.data import download, shard, tokenize, upload
+from tasks.tracking import stage_run
 
 
 def _complete(config: Config) -> bool:
     try:
-        prepare.summarize(layout.manifest(config))
+        summarize(layout.manifest(config))
         return True
     except (FileNotFoundError, ShardError) as err:
         if storage.exists(layout.manifest(config)):
@@ -48,14 +50,14 @@ def run_data_stage(config: Config) -> dict[str, Any]:
     # outputs and recompute a step whose cached result lost its files.
     check = (lambda _: True) if complete else None
     steps = {}
-    src, steps["download"] = run_cached(download, config, valid=check or prepare.source_ok)
-    tok, steps["tokenize"] = run_cached(tokenize, config, src, valid=check or prepare.tokenized_ok)
-    loc, steps["shard"] = run_cached(shard, config, tok, valid=check or prepare.local_shards_ok)
+    src, steps["download"] = run_cached(download, config, valid=check or source_ok)
+    tok, steps["tokenize"] = run_cached(tokenize, config, src, valid=check or tokenized_ok)
+    loc, steps["shard"] = run_cached(shard, config, tok, valid=check or local_shards_ok)
     if complete:
         url, steps["upload"] = run_cached(upload, config, loc, src)
     else:  # the root lacks (part of) the result: upload again, whatever the cache says
         url, steps["upload"] = bind(upload, config, refresh=True)(config, loc, src), False
-    result = prepare.summarize(url).model_dump()
+    result = summarize(url).model_dump()
     result["cached"] = all(steps.values())
     result["cached_steps"] = sorted(k for k, v in steps.items() if v)
     _shard_table(url)
@@ -73,11 +75,9 @@ def _shard_table(url: str) -> None:
 
 def track_data_stage(config: Config, result: dict[str, Any], parent_run_id: str | None) -> str | None:
     """One MLflow run per data flow run: the data config, token counts, manifest."""
-    tags = {"stage": "data", "cached": str(result["cached"]).lower()}
-    if flow_run.id:
-        tags["prefect.flow_run_id"] = str(flow_run.id)
     name = f"data-{config.data.name}-{data_fingerprint(config)[:12]}"
-    with Tracker(config, name, parent_run_id=parent_run_id, tags=tags) as tracker:
+    tags = {"cached": str(result["cached"]).lower()}
+    with stage_run(config, name, "data", parent_run_id, tags=tags) as tracker:
         tracker.log_params({"data": config.data.model_dump(mode="json")})
         tracker.log_metrics({f"data/{k}": result[k] for k in ("total_tokens", "train_tokens", "val_tokens",
                                                               "shards", "documents")}, step=0)

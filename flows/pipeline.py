@@ -29,6 +29,7 @@ from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
 from gpt2.tracking import Tracker
+from tasks.tracking import stage_run
 
 STAGES = ("data", "train", "evaluate", "export")
 
@@ -43,13 +44,11 @@ def parent_tracker(config: Config, preset: str) -> Tracker:
     """The pipeline's MLflow run; a retried or rescheduled parent flow run
     reopens the run it created before instead of starting a second one."""
     record = _parent_record(config)
-    run_id = storage.read_json(record)["mlflow_run_id"] if record and storage.exists(record) else None
-    tags = {"stage": "pipeline", "preset": preset}
-    if flow_run.id:
-        tags["prefect.flow_run_id"] = str(flow_run.id)
-    tracker = Tracker(config, f"pipeline-{preset}-{flow_run.name or 'local'}", run_id=run_id, tags=tags)
+    run_id = (storage.read_record(record) or {}).get("mlflow_run_id") if record else None
+    tracker = stage_run(config, f"pipeline-{preset}-{flow_run.name or 'local'}", "pipeline", run_id=run_id,
+                        tags={"preset": preset})
     if record and tracker.run_id and run_id is None:
-        storage.write_json_atomic(record, {"mlflow_run_id": tracker.run_id})
+        storage.write_record(record, {"mlflow_run_id": tracker.run_id})
     return tracker
 
 

@@ -49,7 +49,7 @@ def publish_result(config: Config, result: dict[str, Any]) -> None:
     from prefect.runtime import flow_run
 
     if flow_run.id:
-        storage.write_json_atomic(results_url(config, str(flow_run.id)), result)
+        storage.write_record(results_url(config, str(flow_run.id)), result)
 
 
 def _read(run_id) -> FlowRun:
@@ -97,6 +97,7 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
         message = run.state.message if run.state else ""
         raise StageFailed(f"stage {stage} (flow run {run.name}) ended {state}: {message}")
     url = results_url(config, str(run.id))
-    if not storage.exists(url):
-        raise StageFailed(f"stage {stage} (flow run {run.name}) completed but published no result at {url}")
-    return storage.read_json(url)
+    result = storage.read_record(url)
+    if result is None:
+        raise StageFailed(f"stage {stage} (flow run {run.name}) completed but published no readable result at {url}")
+    return result

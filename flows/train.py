@@ -24,6 +24,7 @@ from gpt2.config import Config
 from gpt2.data.manifest import load_manifest
 from gpt2.overrides import resolve_config
 from tasks.common import bind, run_cached
+from tasks.tracking import flow_run_tags
 from tasks.train import train as train_task
 
 
@@ -46,7 +47,7 @@ def _start_over(config: Config) -> None:
 
 def run_train_stage(config: Config, fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
     load_manifest(layout.manifest(config))  # fail fast, saying how to make the data
-    tags = {"prefect.flow_run_id": str(flow_run.id)} if flow_run.id else {}
+    tags = flow_run_tags()
     if fresh:
         _start_over(config)
         result = bind(train_task, config, refresh=True)(config, parent_run_id, tags)

@@ -1,8 +1,10 @@
-"""Fingerprints of what defines a stage's result (never runtime settings).
+"""Every stage's identity: what defines its result (never runtime settings).
 
 A data fingerprint names the shard directory and keys the data tasks' caches;
 a training fingerprint (model + data + train) names the run, so evaluation or
-export settings never re-address a checkpoint.
+export settings never re-address a checkpoint; the evaluate and export
+identities start from the content hash of the weights they read, so the same
+weights under another root hit the same cache.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from gpt2.config import Config
 # caches and shard directories are not reused by mistake.
 DATA_FORMAT_VERSION = 1
 TRAIN_FORMAT_VERSION = 1
+EVAL_FORMAT_VERSION = 1
+EXPORT_FORMAT_VERSION = 1
 
 
 def fingerprint(obj: Any, length: int = 16) -> str:
@@ -73,3 +77,20 @@ def data_fingerprint(config: Config) -> str:
 
 def train_fingerprint(config: Config) -> str:
     return fingerprint(train_identity(config))
+
+
+def eval_fingerprint(config: Config, model_sha256: str) -> str:
+    """An evaluation: the weights and the eval settings."""
+    return fingerprint({"weights": model_sha256, "eval": config.eval.model_dump(mode="json"),
+                        "format": EVAL_FORMAT_VERSION})
+
+
+def export_files_fingerprint(model_sha256: str) -> str:
+    """The exported files depend on the weights alone."""
+    return fingerprint({"weights": model_sha256, "format": EXPORT_FORMAT_VERSION})
+
+
+def register_fingerprint(config: Config, model_sha256: str) -> str:
+    """A model registration: the weights, where and under which name."""
+    return fingerprint({"weights": model_sha256, "export": config.export.model_dump(mode="json"),
+                        "tracking": config.tracking.model_dump(mode="json")})

@@ -19,8 +19,10 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from gpt2.errors import UserError
 
-class StorageError(RuntimeError):
+
+class StorageError(UserError, RuntimeError):
     """The artifact root cannot be used; the message names the URL."""
 
 
@@ -117,6 +119,26 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 
 def write_json_atomic(url: str, obj: Any) -> None:
     write_bytes_atomic(url, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+# --- completion records ---------------------------------------------------
+# A step is done when its record exists and parses. The record is written
+# last and atomically, so a reader never sees half of one; a record that is
+# missing, empty or torn all the same means "not done", and the step is redone.
+
+
+def write_record(url: str, record: Any) -> None:
+    """Mark a step done: its record (a JSON object), written atomically, last."""
+    write_json_atomic(url, record)
+
+
+def read_record(url: str) -> Any | None:
+    """The record at `url`, or None when the step is not done (no record, or
+    one that does not parse)."""
+    try:
+        return json.loads(read_bytes(url))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def put_file_atomic(local: str | Path, url: str) -> None:

@@ -18,6 +18,8 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str
 
+from gpt2.errors import UserError
+
 EOT_TOKEN = 50256
 """`<|endoftext|>`: written before every document in the shards."""
 N_VOCAB = 50257
@@ -29,7 +31,7 @@ FILE_SHA256 = {
 }
 
 
-class TokenizerFilesError(RuntimeError):
+class TokenizerFilesError(UserError, RuntimeError):
     """The BPE files are missing or do not match tiktoken's pinned hashes."""
 
 

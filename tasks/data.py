@@ -1,4 +1,4 @@
-"""Prefect tasks of the data stage: each calls one `gpt2.data.prepare` step.
+"""Prefect tasks of the data stage: each calls one step of `gpt2.data`.
 
 Each is cached on its own step's identity (gpt2.identity.data_step_fingerprint)
 + code version, so a new shard size re-shards without re-tokenizing;
@@ -10,8 +10,11 @@ from __future__ import annotations
 from prefect import task
 
 from gpt2.config import Config
-from gpt2.data import prepare
+from gpt2.data.download import download_source
+from gpt2.data.shard import LocalShards, shard_tokens
 from gpt2.data.sources import SourceFiles
+from gpt2.data.tokenize import Tokenized, tokenize_source
+from gpt2.data.upload import upload_shards
 from gpt2.identity import data_step_fingerprint
 from tasks.common import ProgressArtifact, identity_cache_key
 
@@ -25,11 +28,11 @@ _CACHED = dict(persist_result=True, retries=2, retry_delay_seconds=10)
 
 @task(name="download", cache_key_fn=step_key("download"), **_CACHED)
 def download(config: Config) -> SourceFiles:
-    return prepare.download_source(config)
+    return download_source(config)
 
 
 @task(name="tokenize", cache_key_fn=step_key("tokenize"), **_CACHED)
-def tokenize(config: Config, source: SourceFiles) -> prepare.Tokenized:
+def tokenize(config: Config, source: SourceFiles) -> Tokenized:
     artifact = ProgressArtifact(f"Tokenizing {config.data.source}")
 
     def progress(docs: int, tokens: int, total: int | None) -> None:
@@ -37,16 +40,16 @@ def tokenize(config: Config, source: SourceFiles) -> prepare.Tokenized:
         fraction = tokens / limit if limit else docs / total if total else 0.0
         artifact.update(fraction)
 
-    result = prepare.tokenize_source(config, source, progress)
+    result = tokenize_source(config, source, progress)
     artifact.update(1.0, force=True)
     return result
 
 
 @task(name="shard", cache_key_fn=step_key("shard"), **_CACHED)
-def shard(config: Config, tokenized: prepare.Tokenized) -> prepare.LocalShards:
-    return prepare.shard_tokens(config, tokenized)
+def shard(config: Config, tokenized: Tokenized) -> LocalShards:
+    return shard_tokens(config, tokenized)
 
 
 @task(name="upload", cache_key_fn=step_key("upload"), **_CACHED)
-def upload(config: Config, shards: prepare.LocalShards, source: SourceFiles) -> str:
-    return prepare.upload_shards(config, shards, source)
+def upload(config: Config, shards: LocalShards, source: SourceFiles) -> str:
+    return upload_shards(config, shards, source)

@@ -10,23 +10,19 @@ from prefect import task
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
 from gpt2.hellaswag import evaluate as evaluation
-from gpt2.identity import fingerprint
-from gpt2.tracking import Tracker
+from gpt2.identity import eval_fingerprint
 from tasks.common import CODE_VERSION
-from tasks.tracking import stage_tags
+from tasks.tracking import checkpoint_tags, stage_run
 
 
 def eval_key(_context: Any, parameters: dict) -> str:
-    config, ref = parameters["config"], parameters["ref"]
-    ident = {"weights": ref.model_sha256, "eval": config.eval.model_dump(mode="json"),
-             "format": evaluation.EVAL_FORMAT_VERSION}
-    return f"evaluate-{fingerprint(ident)}-{CODE_VERSION}"
+    return f"evaluate-{eval_fingerprint(parameters['config'], parameters['ref'].model_sha256)}-{CODE_VERSION}"
 
 
 @task(name="evaluate-hellaswag", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=10)
 def evaluate_hellaswag(config: Config, ref: CheckpointRef, parent_run_id: str | None = None) -> dict[str, Any]:
-    with Tracker(config, f"eval-{ref.run_name}-{ref.step_name}", parent_run_id=parent_run_id,
-                 tags=stage_tags("evaluate", ref)) as tracker:
+    with stage_run(config, f"eval-{ref.run_name}-{ref.step_name}", "evaluate", parent_run_id,
+                   tags=checkpoint_tags(ref)) as tracker:
         result = evaluation.evaluate_checkpoint(config, ref)
         tracker.log_params({"eval": config.eval.model_dump(mode="json"), "checkpoint": ref.url, "step": ref.step})
         tracker.log_metrics({f"hellaswag/{k}": v for k, v in result["hellaswag"].items() if v is not None}, step=ref.step)

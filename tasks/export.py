@@ -14,23 +14,18 @@ from gpt2 import storage
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
 from gpt2.export import writer
-from gpt2.identity import fingerprint
-from gpt2.tracking import Tracker
+from gpt2.identity import export_files_fingerprint, register_fingerprint
 from tasks.common import CODE_VERSION
 from tasks.registry import register_hf_model
-from tasks.tracking import stage_tags
+from tasks.tracking import checkpoint_tags, stage_run
 
 
 def files_key(_context: Any, parameters: dict) -> str:
-    ident = {"weights": parameters["ref"].model_sha256, "format": writer.EXPORT_FORMAT_VERSION}
-    return f"export-{fingerprint(ident)}-{CODE_VERSION}"
+    return f"export-{export_files_fingerprint(parameters['ref'].model_sha256)}-{CODE_VERSION}"
 
 
 def register_key(_context: Any, parameters: dict) -> str:
-    config, ref = parameters["config"], parameters["ref"]
-    ident = {"weights": ref.model_sha256, "export": config.export.model_dump(mode="json"),
-             "tracking": config.tracking.model_dump(mode="json")}
-    return f"register-{fingerprint(ident)}-{CODE_VERSION}"
+    return f"register-{register_fingerprint(parameters['config'], parameters['ref'].model_sha256)}-{CODE_VERSION}"
 
 
 @task(name="export-checkpoint", cache_key_fn=files_key, persist_result=True, retries=1, retry_delay_seconds=10)
@@ -41,8 +36,8 @@ def export_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
 @task(name="register-model", cache_key_fn=register_key, persist_result=True)
 def register_model(config: Config, ref: CheckpointRef, export: dict[str, Any], parent_run_id: str | None = None) -> dict[str, Any]:
     name, alias = config.export.registered_model, config.export.alias
-    with Tracker(config, f"export-{ref.run_name}-{ref.step_name}", parent_run_id=parent_run_id,
-                 tags=stage_tags("export", ref)) as tracker:
+    with stage_run(config, f"export-{ref.run_name}-{ref.step_name}", "export", parent_run_id,
+                   tags=checkpoint_tags(ref)) as tracker:
         tracker.log_params({"export": config.export.model_dump(mode="json"), "checkpoint": ref.url, "step": ref.step})
         tracker.log_dict(export, "export/manifest.json")
         config.runtime.work_root.mkdir(parents=True, exist_ok=True)

@@ -12,11 +12,12 @@ import posixpath
 from dataclasses import dataclass
 
 from gpt2 import layout, storage
-from gpt2.checkpoint.store import MARKER, latest_checkpoint
+from gpt2.checkpoint.store import MARKER, latest_checkpoint, read_marker
 from gpt2.config import Config
+from gpt2.errors import UserError
 
 
-class CheckpointNotFound(FileNotFoundError):
+class CheckpointNotFound(UserError, FileNotFoundError):
     """No complete checkpoint where one was expected; the message says where."""
 
 
@@ -59,10 +60,10 @@ def resolve_checkpoint(config: Config, checkpoint: str | None = "latest") -> Che
             )
     else:
         url = storage.normalize_url(checkpoint)
+    marker = read_marker(url)
+    if marker is None:
+        raise CheckpointNotFound(f"checkpoint {url} does not exist or is incomplete (no {MARKER} marker)")
     try:
-        marker = storage.read_json(storage.join(url, MARKER))
         return CheckpointRef(url=url, step=int(marker["step"]), model_sha256=marker["files"]["model.safetensors"]["sha256"])
-    except FileNotFoundError:
-        raise CheckpointNotFound(f"checkpoint {url} does not exist or is incomplete (no {MARKER} marker)") from None
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointNotFound(f"checkpoint {url} has an unreadable {MARKER} marker ({err})") from None

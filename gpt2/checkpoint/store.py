@@ -31,6 +31,7 @@ from safetensors.torch import save as save_safetensors
 
 from gpt2 import layout, storage
 from gpt2.config import Config
+from gpt2.errors import UserError
 from gpt2.model import GPT
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ TIED = "lm_head.weight"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is incomplete or damaged; the message names the file."""
 
 
@@ -66,11 +67,9 @@ def _step_dirs(run_dir: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
-def _marker(url: str) -> dict | None:
-    try:
-        return json.loads(storage.read_bytes(storage.join(url, MARKER)))
-    except (FileNotFoundError, ValueError):
-        return None
+def read_marker(url: str) -> dict | None:
+    """The COMPLETE marker of a checkpoint directory; None if absent or torn."""
+    return storage.read_record(storage.join(url, MARKER))
 
 
 def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
@@ -78,7 +77,7 @@ def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
     run_dir = layout.run_dir(config_or_run_dir) if isinstance(config_or_run_dir, Config) else config_or_run_dir
     out = []
     for _, url in _step_dirs(storage.normalize_url(run_dir)):
-        marker = _marker(url)
+        marker = read_marker(url)
         if marker and all(storage.size(storage.join(url, n)) == f["bytes"] for n, f in marker["files"].items()):
             out.append(url)
     return out
@@ -133,7 +132,7 @@ def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state
     for name, data in blobs.items():
         storage.write_bytes_atomic(storage.join(url, name), data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    storage.write_json_atomic(storage.join(url, MARKER), {"step": state["step"], "files": files})
+    storage.write_record(storage.join(url, MARKER), {"step": state["step"], "files": files})
 
 
 def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -154,7 +153,7 @@ def _read_verified(url: str, name: str, expected: dict) -> bytes:
 
 def load_checkpoint(url: str) -> Checkpoint:
     """Read and verify (sha256) every file of a checkpoint."""
-    marker = _marker(url)
+    marker = read_marker(url)
     if marker is None:
         raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
     blobs = {name: _read_verified(url, name, marker["files"][name]) for name in FILES}

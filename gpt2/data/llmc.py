@@ -13,6 +13,8 @@ from typing import BinaryIO, Sequence
 
 import numpy as np
 
+from gpt2.errors import UserError
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
@@ -20,7 +22,7 @@ HEADER_BYTES = HEADER_INTS * 4
 TOKEN_DTYPE = np.dtype("<u2")
 
 
-class ShardError(ValueError):
+class ShardError(UserError, ValueError):
     """A shard file is malformed; the message names the file."""
 
 

@@ -21,6 +21,7 @@ from typing import Iterator
 
 from gpt2 import storage
 from gpt2.config import DataConfig
+from gpt2.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ BUILTIN_SOURCES = ("builtin:python-docs",)
 FORMATS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".parquet": "parquet", ".txt": "text"}
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """The source cannot be read; the message names it and says what to do."""
 
 

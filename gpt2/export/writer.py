@@ -20,15 +20,16 @@ from pathlib import Path
 from gpt2 import storage
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.checkpoint.store import load_model
+from gpt2.errors import UserError
 from gpt2.export import hf, llmc
+from gpt2.identity import EXPORT_FORMAT_VERSION
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-EXPORT_FORMAT_VERSION = 1
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError, RuntimeError):
     """The export could not be written; the message names the destination."""
 
 
@@ -75,14 +76,14 @@ def _upload(files: dict[str, Path], dest: str, ref: CheckpointRef) -> dict:
     for name, path in files.items():
         storage.put_file_atomic(path, storage.join(dest, name))
         manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    storage.write_json_atomic(storage.join(dest, MANIFEST), manifest)
+    storage.write_record(storage.join(dest, MANIFEST), manifest)  # last: marks the export complete
     return manifest
 
 
 def read_manifest(dest: str) -> dict | None:
     try:
-        return storage.read_json(storage.join(dest, MANIFEST))
-    except (OSError, ValueError):  # absent, or a root we cannot even read
+        return storage.read_record(storage.join(dest, MANIFEST))
+    except OSError:  # a root we cannot even read
         return None
 
 

@@ -22,12 +22,12 @@ from gpt2.hellaswag.harness import run_hellaswag
 from gpt2.hellaswag.items import HUB_SOURCES, Item, load_rows
 from gpt2.hellaswag.lm_eval_model import GPTLM
 from gpt2.hellaswag.scorer import ItemScore, score_items, summarize
+from gpt2.identity import EVAL_FORMAT_VERSION
 from gpt2.train.distributed import pick_device
 
 log = logging.getLogger(__name__)
 
 RESULT_FILE = "hellaswag.json"
-EVAL_FORMAT_VERSION = 1
 
 
 def result_url(ref: CheckpointRef, root: str) -> str:
@@ -81,6 +81,6 @@ def evaluate_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
         "format": EVAL_FORMAT_VERSION,
     }
     url = result_url(ref, config.runtime.root)
-    storage.write_json_atomic(url, result)
+    storage.write_record(url, result)
     result["result_url"] = url
     return result

@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any, Iterable
 
 from gpt2 import storage
+from gpt2.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ N_ENDINGS = 4
 REQUIRED_FIELDS = ("activity_label", "ctx_a", "ctx_b", "endings", "label")
 
 
-class HellaSwagDataError(ValueError):
+class HellaSwagDataError(UserError, ValueError):
     """A HellaSwag source is unreadable or a row is malformed; names the row."""
 
 

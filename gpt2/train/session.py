@@ -20,6 +20,7 @@ from gpt2.checkpoint import store
 from gpt2.config import Config
 from gpt2.data.loader import ShardSource, TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest
+from gpt2.errors import UserError
 from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
 from gpt2.train import memory
@@ -30,7 +31,7 @@ from gpt2.train.step import Batch, StepContext, find_micro_batch
 log = logging.getLogger(__name__)
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message names the step and the setting to change."""
 
 

@@ -12,8 +12,11 @@ import pytest
 
 from gpt2 import layout
 from gpt2.data import prepare, sources
+from gpt2.data.download import download_source
 from gpt2.data.llmc import ShardError, read_shard
 from gpt2.data.manifest import load_manifest, verify_manifest
+from gpt2.data.shard import split_sizes
+from gpt2.data.tokenize import EmptyCorpusError, tokenize_source
 from gpt2.overrides import resolve_config
 from gpt2.storage import StorageError, local_path
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
@@ -119,9 +122,9 @@ def test_resume_after_kill_gives_identical_shards(smoke_config, tmp_path, prose_
         if tokens > 20_000:
             raise KeyboardInterrupt  # the closest in-process stand-in for a kill
 
-    source = prepare.download_source(config)
+    source = download_source(config)
     with pytest.raises(KeyboardInterrupt):
-        prepare.tokenize_source(config, source, crash_after_some_parts, show_progress=False)
+        tokenize_source(config, source, crash_after_some_parts, show_progress=False)
     parts = sorted(layout.data_step_dir(config, "tokenize").glob("part_*.json"))
     assert parts, "no part was sealed before the crash"
     resumed = prepare.prepare_data(config, show_progress=False)
@@ -139,7 +142,7 @@ def test_bad_inputs_name_the_problem(smoke_config, tmp_path, prose_docs):
         prepare.prepare_data(smoke_config(**{"data.source": str(src)}), show_progress=False)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises((prepare.EmptyCorpusError, sources.SourceError)):
+    with pytest.raises((EmptyCorpusError, sources.SourceError)):
         prepare.prepare_data(smoke_config(**{"data.source": str(empty)}), show_progress=False)
 
 
@@ -171,7 +174,7 @@ def test_corrupt_shard_is_named(smoke_config):
 
 def test_split_sizes_val_first_then_train(smoke_config):
     config = smoke_config(**{"data.val_tokens": 2500, "data.shard_size": 1024})
-    plan = prepare.split_sizes(config, 10_000)
+    plan = split_sizes(config, 10_000)
     assert [s for s, _ in plan[:3]] == ["val"] * 3 and sum(n for s, n in plan if s == "val") == 2500
     assert sum(n for _, n in plan) == 10_000 and all(n <= 1024 for _, n in plan)
 
