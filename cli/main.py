@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import config_cmd, data_cmd, eval_cmd, run_cmd, stack_cmd, train_cmd
+from cli import config, stages
+from cli.stack import commands as stack_commands
 
 app = typer.Typer(
     name="gpt2",
@@ -18,13 +19,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(config_cmd.app, name="config")
-app.command("prepare")(data_cmd.prepare)
-app.command("train")(train_cmd.train)
-app.command("evaluate")(eval_cmd.evaluate)
-app.command("export")(eval_cmd.export)
-app.add_typer(stack_cmd.app, name="stack")
-app.command("run")(run_cmd.run)
+app.add_typer(config.app, name="config")
+app.command("prepare")(stages.prepare)
+app.command("train")(stages.train)
+app.command("evaluate")(stages.evaluate)
+app.command("export")(stages.export)
+app.add_typer(stack_commands.app, name="stack")
+app.command("run")(stages.run)
 
 
 def main() -> None:

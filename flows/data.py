@@ -44,7 +44,7 @@ def _complete(config: Config) -> bool:
 
 def run_data_stage(config: Config) -> dict[str, Any]:
     """The four tasks; returns the prepare summary plus `cached`."""
-    storage.check_writable(storage.normalize_url(config.runtime.root))
+    storage.check_writable(layout.root(config))
     complete = _complete(config)
     # Data already complete: plain cached calls. Otherwise check each step's
     # outputs and recompute a step whose cached result lost its files.

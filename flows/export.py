@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 
 from flows.entry import flow_main
 from flows.stages import publish_result
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.checkpoint.ref import resolve_checkpoint
 from gpt2.config import Config
 from gpt2.export.writer import export_complete
@@ -33,7 +33,7 @@ def _registered(config: Config):
 def run_export_stage(config: Config, checkpoint: str | None = "latest", parent_run_id: str | None = None) -> dict[str, Any]:
     """Export and register; returns the export paths, the registry entry and `cached`."""
     ref = resolve_checkpoint(config, checkpoint)
-    storage.check_writable(storage.normalize_url(config.runtime.root))
+    storage.check_writable(layout.root(config))
     get_run_logger().info("exporting %s", ref.url)
     export, c1 = run_cached(export_checkpoint, config, ref, valid=lambda r: export_complete(r["export_dir"], ref))
     entry, c2 = run_cached(register_model, config, ref, export, parent_run_id, valid=_registered(config))

@@ -96,9 +96,12 @@ def _to_bytes(obj: object) -> bytes:
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The state_dict to store: on CPU, contiguous, the tied head left out
-    (safetensors refuses shared tensors; the head is the token embedding)."""
-    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items() if k != TIED}
+    """The state_dict to store: a CPU copy, contiguous, the tied head left out
+    (safetensors refuses shared tensors; the head is the token embedding).
+    Always a copy: on a CPU `.to("cpu")` returns the live tensor itself, and
+    the background writer would then serialize weights that later optimizer
+    steps are changing (a checkpoint labelled step N holding later weights)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items() if k != TIED}
 
 
 def _cpu_copy(obj):

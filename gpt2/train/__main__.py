@@ -7,7 +7,9 @@
 `run.json` is a full config (`gpt2 config show ... > run.json`). Rerunning the
 same config resumes from the newest complete checkpoint. Exit codes: 0 done,
 1 failed, 143 stopped by SIGTERM after writing a checkpoint (rerun to resume).
-With --result PATH rank 0 also writes the result as JSON there.
+With --result PATH rank 0 also writes the result as JSON there; with
+--status PATH it appends progress and the outcome as JSON lines
+(gpt2.train.launch.StatusFile), which is how a parent process follows it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import sys
 from pathlib import Path
 
 from gpt2.config import Config
-from gpt2.train.progress import ProgressBar
+from gpt2.train.launch import StatusFile
+from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
 from gpt2.train.session import TrainingError
 
@@ -32,6 +35,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", required=True, type=Path, help="full config JSON (gpt2 config show > run.json)")
     parser.add_argument("--fresh", action="store_true", help="delete this run's checkpoints and start over")
     parser.add_argument("--result", type=Path, help="rank 0 writes the result JSON here")
+    parser.add_argument("--status", type=Path, help="rank 0 appends progress and the outcome here (JSON lines)")
     parser.add_argument("--parent-run-id", help="MLflow run to nest this run under")
     parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="MLflow tag (repeatable)")
     return parser.parse_args(argv)
@@ -41,22 +45,43 @@ def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def _reporter(rank: int, max_steps: int, status: StatusFile | None):
+    """Rank 0's progress: the terminal bar, and the status file when asked for."""
+    if rank != 0:
+        return None, None
+    bar = ProgressBar(max_steps)
+
+    def report(info: StepInfo) -> None:
+        bar(info)
+        if status is not None:
+            status.step(info)
+
+    return bar, report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     rank = _rank()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     config = Config.model_validate(json.loads(args.config.read_text()))
-    bar = ProgressBar(config.train.max_steps) if rank == 0 else None
+    status = StatusFile(args.status) if args.status and rank == 0 else None
+    outcome = status.write if status is not None else lambda *a, **k: None
+    bar, report = _reporter(rank, config.train.max_steps, status)
     try:
         tags = dict(t.split("=", 1) for t in args.tag)
-        result = train(config, fresh=args.fresh, progress=bar, parent_run_id=args.parent_run_id, tags=tags)
+        result = train(config, fresh=args.fresh, progress=report, parent_run_id=args.parent_run_id, tags=tags)
     except Preempted as err:
         log.warning("%s", err)
+        outcome("preempted", message=str(err))
         return PREEMPTED_EXIT_CODE
     except (TrainingError, FileNotFoundError) as err:
         log.error("%s", err)
+        outcome("error", message=str(err))
         return 1
+    except BaseException as err:
+        outcome("error", message=f"{type(err).__name__}: {err}")
+        raise
     finally:
         if bar is not None:
             bar.close()
@@ -64,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         text = json.dumps(result.to_dict())
         if args.result:
             args.result.write_text(text + "\n")
+        outcome("done", result=result.to_dict())
         print(text)
     return 0
 

@@ -1,52 +1,72 @@
 """Run the training stage on this machine: in-process on one device, or as
-`torchrun --nproc_per_node=N -m gpt2.train` for several GPUs, with the
-workers' log lines handed to the caller as they come (the Prefect flow
-streams them into its own logger) and their progress parsed back out.
+`torchrun --nproc_per_node=N -m gpt2.train` for several GPUs.
+
+A torchrun child reports in structured form, never through its log lines:
+rank 0 appends one JSON object per line to a status file (`--status PATH`):
+`{"event": "step", ...StepInfo}` after every step, then exactly one of
+`{"event": "done", "result": {...}}`, `{"event": "preempted", "message": ...}`
+or `{"event": "error", "message": ...}`. The parent reads new events as they
+come for its progress display, and the last one for the outcome. The
+workers' log lines are only handed on to the caller (the Prefect flow streams
+them into its own logger).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections import deque
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from gpt2.config import Config
+from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.run import Preempted, TrainResult, train
 from gpt2.train.session import TrainingError
 
 log = logging.getLogger(__name__)
 
-# The loop's progress line: "step 12/60 | loss 7.1234 | lr 1.00e-03 | norm 0.812 | 1500 tok/s[ | mfu 41.0%]"
-STEP_LINE = re.compile(
-    r"step (\d+)/(\d+) \| loss (\S+) \| lr (\S+) \| norm (\S+) \| (\d+) tok/s(?: \| mfu ([\d.]+)%)?(?: \| val (\S+))?"
-)
+class StatusFile:
+    """The JSON-lines status file a torchrun child's rank 0 writes and its parent reads."""
+
+    def __init__(self, path: Path):
+        self.path, self._offset = path, 0
+
+    def write(self, event: str, **fields) -> None:
+        # One write per line, flushed: a reader sees whole lines or none of a line.
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": event, **fields}) + "\n")
+
+    def step(self, info: StepInfo) -> None:
+        self.write("step", **info.to_dict())
+
+    def read_new(self) -> list[dict]:
+        """Events appended since the last call (a torn last line waits for the next call)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
-def parse_step(line: str) -> StepInfo | None:
-    m = STEP_LINE.search(line)
-    if not m:
-        return None
-    step, total, loss, lr, norm, tps, util, val = m.groups()
-    return StepInfo(step=int(step), max_steps=int(total), loss=float(loss), lr=float(lr), grad_norm=float(norm),
-                    tokens_per_second=float(tps), mfu=float(util) / 100 if util else None, eta_seconds=None,
-                    val_loss=float(val) if val else None)
+def step_info(event: dict) -> StepInfo:
+    return StepInfo(**{k: v for k, v in event.items() if k != "event"})
 
 
-def torchrun_command(config_path: Path, result_path: Path, nproc: int, parent_run_id: str | None,
+def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_run_id: str | None,
                      tags: dict | None) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt2.train", "--config", str(config_path), "--result", str(result_path)]
+           "-m", "gpt2.train", "--config", str(config_path), "--status", str(status_path)]
     if parent_run_id:
         cmd += ["--parent-run-id", parent_run_id]
     for key, value in (tags or {}).items():
@@ -54,45 +74,52 @@ def torchrun_command(config_path: Path, result_path: Path, nproc: int, parent_ru
     return cmd
 
 
-@contextlib.contextmanager
-def forward_sigterm(proc: subprocess.Popen) -> Iterator[None]:
-    """A SIGTERM to us (preemption) goes to torchrun, which passes it to the
-    workers: they checkpoint and exit, and we report Preempted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def torchrun_train(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
                    parent_run_id: str | None = None, tags: dict | None = None) -> TrainResult:
     """`train` in `runtime.nproc_per_node` worker processes under torchrun."""
     emit = log_line or log.info
     with tempfile.TemporaryDirectory(prefix="gpt2-train-") as tmp:
-        config_path, result_path = Path(tmp) / "run.json", Path(tmp) / "result.json"
+        config_path, status = Path(tmp) / "run.json", StatusFile(Path(tmp) / "status.jsonl")
         config_path.write_text(json.dumps(config.model_dump(mode="json")))
-        cmd = torchrun_command(config_path, result_path, config.runtime.nproc_per_node, parent_run_id, tags)
+        cmd = torchrun_command(config_path, status.path, config.runtime.nproc_per_node, parent_run_id, tags)
         emit("starting: " + " ".join(cmd))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         tail: deque[str] = deque(maxlen=40)
-        with forward_sigterm(proc):
+        last: dict = {}
+        # A SIGTERM to us (preemption) goes to torchrun, which passes it to the
+        # workers: they checkpoint and exit; then it is handed on like train()'s.
+        guard = SigtermGuard(on_signal=lambda: proc.send_signal(signal.SIGTERM))
+        with guard.installed():
             for line in proc.stdout:
-                line = line.rstrip()
-                tail.append(line)
-                emit(line)
-                info = parse_step(line)
-                if info is not None and progress is not None:
-                    progress(info)
+                tail.append(line.rstrip())
+                emit(line.rstrip())
+                last = _follow(status, progress) or last
             code = proc.wait()
-        if code == 0 and result_path.exists():
-            return TrainResult(**json.loads(result_path.read_text()))
-    if any("stopped by SIGTERM" in line for line in tail):
-        raise Preempted(f"torchrun workers stopped by SIGTERM (exit {code}); rerun to resume")
+            last = _follow(status, progress) or last
+            if last.get("event") == "preempted":
+                guard.hand_on()
+    return _outcome(last, code, tail)
+
+
+def _follow(status: StatusFile, progress: Progress | None) -> dict | None:
+    """Hand new step events to `progress`; return the newest event, if any."""
+    events = status.read_new()
+    for event in events:
+        if event["event"] == "step" and progress is not None:
+            progress(step_info(event))
+    return events[-1] if events else None
+
+
+def _outcome(last: dict, code: int, tail: deque[str]) -> TrainResult:
+    kind = last.get("event")
+    if code == 0 and kind == "done":
+        return TrainResult(**last["result"])
+    if kind == "preempted":
+        raise Preempted(f"torchrun workers stopped by SIGTERM (exit {code}): {last['message']}")
+    if kind == "error":
+        raise TrainingError(f"torchrun exited with code {code}: {last['message']}")
+    # No outcome recorded: a worker died (killed, a crash outside the trainer).
     errors = [line for line in tail if "ERROR" in line or "Error" in line] or list(tail)[-10:]
     raise TrainingError(f"torchrun exited with code {code}:\n" + "\n".join(errors[-10:]))
 

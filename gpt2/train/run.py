@@ -6,16 +6,13 @@ checkpoint and `Preempted`. The command line is `python -m gpt2.train`
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
-import threading
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 from gpt2.config import Config
 from gpt2.train.distributed import distributed
 from gpt2.train.loop import Loop
+from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress
 from gpt2.train.session import TrainingError, open_session
 
@@ -45,42 +42,19 @@ class TrainResult:
         return asdict(self)
 
 
-class StopFlag:
-    """Set by SIGTERM; the loop finishes its step, checkpoints and stops."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __call__(self, signum, frame) -> None:
-        log.warning("SIGTERM received: finishing this step, then writing a checkpoint")
-        self.requested = True
-
-
-@contextlib.contextmanager
-def sigterm_handler(flag: StopFlag) -> Iterator[None]:
-    # Signal handlers can only be installed from the main thread; elsewhere
-    # (a worker thread of an orchestrator) the default handling stays.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, flag)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def train(config: Config, fresh: bool = False, progress: Progress | None = None,
           parent_run_id: str | None = None, tags: dict | None = None) -> TrainResult:
     """Train `config` to `train.max_steps`, resuming from its newest checkpoint
-    (unless `fresh`). Raises TrainingError (NaN loss, OOM, bad batch shape) or
-    Preempted after SIGTERM; the last good checkpoint is always kept."""
-    flag = StopFlag()
-    with distributed(config.runtime.device) as env, sigterm_handler(flag):
+    (unless `fresh`). Raises TrainingError (NaN loss, OOM, bad batch shape);
+    after SIGTERM, whatever the replaced SIGTERM handler raises, else
+    Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
+    guard = SigtermGuard()
+    with distributed(config.runtime.device) as env, guard.installed():
         session = open_session(config, env, fresh)
-        loop = Loop(session, progress, parent_run_id, tags, stop=flag)
+        loop = Loop(session, progress, parent_run_id, tags, stop=guard)
         outcome = loop.run()
         if outcome.preempted:
+            guard.hand_on()  # the checkpoint is written: an orchestrator's own handling may run now
             raise Preempted(f"stopped by SIGTERM after step {outcome.steps}; checkpoint {outcome.checkpoint}; "
                             "rerun the same command to resume")
         return TrainResult(

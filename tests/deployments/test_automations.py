@@ -17,16 +17,16 @@ from prefect.server.events.schemas.automations import AutomationCore as ServerAu
 from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.states import Crashed, Pending, Running
 
-from cli import stack_assets
+from flows import deployment_file
 
-RESCHEDULE, ZOMBIE = stack_assets.RESCHEDULE_AUTOMATION, "gpt2-zombie-runs"
-
-
-def _specs(max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES) -> dict[str, dict]:
-    return {spec["name"]: spec for spec in stack_assets.automations(max_reschedules)}
+RESCHEDULE, ZOMBIE = deployment_file.RESCHEDULE_AUTOMATION, "gpt2-zombie-runs"
 
 
-def _trigger(name: str, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES):
+def _specs(max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES) -> dict[str, dict]:
+    return {spec["name"]: spec for spec in deployment_file.automations(max_reschedules)}
+
+
+def _trigger(name: str, max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES):
     return ServerAutomationCore.model_validate(_specs(max_reschedules)[name]).trigger
 
 
@@ -68,7 +68,7 @@ def test_cap_is_a_setting():
     off = _specs(0)[RESCHEDULE]
     assert not off["enabled"] and not _trigger(RESCHEDULE, 0).covers(_event("prefect.flow-run.Crashed", 1))
     with pytest.raises(ValueError):
-        stack_assets.automations(-1)
+        deployment_file.automations(-1)
 
 
 def test_zombie_watch_covers_heartbeats_of_gpu_runs_only():
@@ -79,7 +79,7 @@ def test_zombie_watch_covers_heartbeats_of_gpu_runs_only():
     assert not trigger.covers(_event("prefect.flow-run.heartbeat", None, tags=("gpt2",)))
     assert trigger.expects("prefect.flow-run.Completed") and trigger.expects("prefect.flow-run.AwaitingRetry")
     # Three missed beats at the heartbeat period the GPU pools set.
-    assert trigger.within.total_seconds() == 3 * stack_assets.GPU_HEARTBEAT_S
+    assert trigger.within.total_seconds() == 3 * deployment_file.GPU_HEARTBEAT_S
 
 
 def _wait_state(client, run_id, until, timeout: float):

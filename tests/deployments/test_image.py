@@ -8,11 +8,11 @@ import re
 import tomllib
 from packaging.requirements import Requirement
 
-from cli import stack_assets
+from flows import deployment_file
 
 # Continuation lines joined, so each instruction is one line.
-DOCKERFILE = re.sub(r"\\\n\s*", " ", (stack_assets.DEPLOYMENTS_DIR / "Dockerfile").read_text())
-PYPROJECT = tomllib.loads((stack_assets.PROJECT_DIR / "pyproject.toml").read_text())
+DOCKERFILE = re.sub(r"\\\n\s*", " ", (deployment_file.DEPLOYMENTS_DIR / "Dockerfile").read_text())
+PYPROJECT = tomllib.loads((deployment_file.PROJECT_DIR / "pyproject.toml").read_text())
 
 
 def _instruction(name: str) -> list[str]:
@@ -30,13 +30,14 @@ def test_base_image_torch_satisfies_the_project():
 def test_code_dir_is_where_the_pull_step_goes():
     (workdir,) = _instruction("WORKDIR")
     env = dict(re.findall(r"(\w+)=(\S+)", " ".join(_instruction("ENV"))))
-    assert env[stack_assets.PROJECT_DIR_ENV] == workdir.strip()
-    (directory,) = [s["prefect.deployments.steps.set_working_directory"]["directory"] for s in stack_assets.pull_steps()]
-    assert directory.replace(" ", "") == "{{$" + stack_assets.PROJECT_DIR_ENV + "}}"
+    assert env[deployment_file.PROJECT_DIR_ENV] == workdir.strip()
+    (directory,) = [s["prefect.deployments.steps.set_working_directory"]["directory"]
+                    for s in deployment_file.pull_steps()]
+    assert directory.replace(" ", "") == "{{$" + deployment_file.PROJECT_DIR_ENV + "}}"
 
 
 def test_installs_the_project_with_its_gcs_extra():
     assert any('pip install -e ".[gcs]"' in run for run in _instruction("RUN"))
     assert "gcs" in PYPROJECT["project"]["optional-dependencies"]
-    ignored = (stack_assets.DEPLOYMENTS_DIR / "Dockerfile.dockerignore").read_text().split()
+    ignored = (deployment_file.DEPLOYMENTS_DIR / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", "artifacts", ".git"} <= set(ignored)

@@ -16,11 +16,11 @@ from prefect.settings import Settings
 from prefect.utilities.schema_tools import ValidationError, validate
 from prefect.workers.process import ProcessJobConfiguration, ProcessWorker
 
-from cli import stack_assets
+from flows import deployment_file
 
 TEMPLATES = {"process-cpu": "process", "process-gpu": "process", "kubernetes-gpu": "kubernetes",
              "vertex-gpu": "vertex-ai"}
-HEARTBEAT = {stack_assets.HEARTBEAT_ENV: str(stack_assets.GPU_HEARTBEAT_S)}
+HEARTBEAT = {deployment_file.HEARTBEAT_ENV: str(deployment_file.GPU_HEARTBEAT_S)}
 
 
 def _render(config_cls, template: dict, values: dict):
@@ -34,17 +34,17 @@ def test_server_accepts_template(prefect_server, name, pool_type):
     pool = f"test-{name}-{uuid.uuid4().hex[:6]}"
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type=pool_type,
-                                               base_job_template=stack_assets.pool_template(name)))
+                                               base_job_template=deployment_file.pool_template(name)))
         try:
             stored = client.read_work_pool(pool).base_job_template
         finally:
             client.delete_work_pool(pool)
-    assert stored == stack_assets.pool_template(name)
+    assert stored == deployment_file.pool_template(name)
 
 
 def test_server_rejects_a_template_with_an_undeclared_variable(prefect_server):
     # The same check the templates above pass: a placeholder needs a variable.
-    bad = stack_assets.pool_template("process-gpu")
+    bad = deployment_file.pool_template("process-gpu")
     del bad["variables"]["properties"]["working_dir"]
     with pytest.raises(Exception, match="working_dir"):
         with get_client(sync_client=True) as client:
@@ -53,23 +53,23 @@ def test_server_rejects_a_template_with_an_undeclared_variable(prefect_server):
 
 def test_process_templates_have_the_process_worker_shape(prefect_server):
     default = ProcessWorker.get_default_base_job_template()
-    assert stack_assets.pool_template("process-cpu") == default
-    gpu = stack_assets.pool_template("process-gpu")
+    assert deployment_file.pool_template("process-cpu") == default
+    gpu = deployment_file.pool_template("process-gpu")
     assert gpu["job_configuration"] == default["job_configuration"]
     assert set(gpu["variables"]["properties"]) == set(default["variables"]["properties"])
     assert _render(ProcessJobConfiguration, gpu, {}).env.items() >= HEARTBEAT.items()
-    assert stack_assets.HEARTBEAT_ENV not in _render(ProcessJobConfiguration, default, {}).env
+    assert deployment_file.HEARTBEAT_ENV not in _render(ProcessJobConfiguration, default, {}).env
 
 
 def test_heartbeat_variable_is_the_setting_prefect_reads(monkeypatch):
-    monkeypatch.setenv(stack_assets.HEARTBEAT_ENV, "30")
+    monkeypatch.setenv(deployment_file.HEARTBEAT_ENV, "30")
     assert Settings().flows.heartbeat_frequency == 30
 
 
 def test_kubernetes_job_is_a_spot_gpu_job_never_retried_by_kubernetes(prefect_server):
     worker = pytest.importorskip("prefect_kubernetes.worker")
 
-    config = _render(worker.KubernetesWorkerJobConfiguration, stack_assets.pool_template("kubernetes-gpu"),
+    config = _render(worker.KubernetesWorkerJobConfiguration, deployment_file.pool_template("kubernetes-gpu"),
                      {"image": "registry.example/gpt2:1", "gpu_count": 4})
     spec = config.job_manifest["spec"]
     pod = spec["template"]["spec"]
@@ -87,7 +87,7 @@ def test_kubernetes_job_is_a_spot_gpu_job_never_retried_by_kubernetes(prefect_se
 
 def test_kubernetes_template_requires_an_image():
     # The image built from deployments/Dockerfile: Prefect's stock image lacks our code.
-    variables = stack_assets.pool_template("kubernetes-gpu")["variables"]
+    variables = deployment_file.pool_template("kubernetes-gpu")["variables"]
     with pytest.raises(ValidationError, match="image"):
         validate({}, variables, raise_on_error=True)
     validate({"image": "registry.example/gpt2:1"}, variables, raise_on_error=True)
@@ -114,7 +114,7 @@ def test_vertex_job_is_a_spot_accelerator_job_never_retried_by_vertex(prefect_se
     vertex = pytest.importorskip("prefect_gcp.workers.vertex")
 
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", _service_account(tmp_path))
-    config = _render(vertex.VertexAIWorkerJobConfiguration, stack_assets.pool_template("vertex-gpu"),
+    config = _render(vertex.VertexAIWorkerJobConfiguration, deployment_file.pool_template("vertex-gpu"),
                      {"image": "registry.example/gpt2:1", "region": "us-central1", "accelerator_count": 2})
     pool_spec = config.job_spec["worker_pool_specs"][0]
     assert pool_spec["machine_spec"] == {"accelerator_type": "NVIDIA_L4", "accelerator_count": 2,

@@ -15,7 +15,8 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import ValidationError, validate
 
-from cli import stack_assets
+from cli.stack.prefect_setup import LOCAL_POOLS
+from flows import deployment_file
 from gpt2.overrides import KNOWN_KEYS, resolve_config
 
 EXPECTED = {  # deployment -> (pool, GPU stage?)
@@ -30,7 +31,7 @@ EXPECTED = {  # deployment -> (pool, GPU stage?)
 def _deployments():
     """(full name, spec, flow) for every deployment in prefect.yaml."""
     out = []
-    for spec in stack_assets.deployments():
+    for spec in deployment_file.deployments():
         flow = load_flow_from_entrypoint(spec["entrypoint"])
         out.append((f"{flow.name}/{spec['name']}", spec, flow))
     return out
@@ -42,7 +43,7 @@ IDS = [name for name, _, _ in DEPLOYMENTS]
 
 def test_prefect_accepts_the_file_and_deploys_exactly_the_expected_set():
     # `prefect deploy` only warns and skips a file that fails this model.
-    model = PrefectYamlModel.model_validate(yaml.safe_load(stack_assets.PREFECT_YAML.read_text()))
+    model = PrefectYamlModel.model_validate(yaml.safe_load(deployment_file.PREFECT_YAML.read_text()))
     assert len(model.deployments) == len(EXPECTED)
     assert sorted(IDS) == sorted(EXPECTED)
 
@@ -80,7 +81,7 @@ def test_the_same_checks_reject_wrong_parameters(bad):
 def test_pools_and_tags(name, spec, flow):
     pool, gpu = EXPECTED[name]
     assert spec["work_pool"]["name"] == pool
-    assert spec["work_pool"]["name"] in stack_assets.LOCAL_POOLS
+    assert spec["work_pool"]["name"] in LOCAL_POOLS
     tags = set(spec.get("tags") or [])
     if gpu:  # selected by the reschedule and zombie automations
         assert {"gpu", "preemptible"} <= tags
@@ -89,11 +90,11 @@ def test_pools_and_tags(name, spec, flow):
 
 
 def test_pull_step_moves_the_flow_run_into_the_project_dir(tmp_path, monkeypatch, prefect_server):
-    steps = stack_assets.pull_steps()
+    steps = deployment_file.pull_steps()
     assert [next(iter(s)) for s in steps] == ["prefect.deployments.steps.set_working_directory"]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(stack_assets.PROJECT_DIR_ENV, str(stack_assets.PROJECT_DIR))
+    monkeypatch.setenv(deployment_file.PROJECT_DIR_ENV, str(deployment_file.PROJECT_DIR))
     asyncio.run(run_steps(steps))  # resolves {{ $GPT2_PROJECT_DIR }} as a flow-run process does
-    assert os.getcwd() == str(stack_assets.PROJECT_DIR)
-    for spec in stack_assets.deployments():  # and the entrypoints resolve from there
-        assert (stack_assets.PROJECT_DIR / spec["entrypoint"].split(":")[0]).is_file()
+    assert os.getcwd() == str(deployment_file.PROJECT_DIR)
+    for spec in deployment_file.deployments():  # and the entrypoints resolve from there
+        assert (deployment_file.PROJECT_DIR / spec["entrypoint"].split(":")[0]).is_file()

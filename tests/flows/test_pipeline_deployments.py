@@ -23,7 +23,7 @@ import time
 import psutil
 import pytest
 
-from tests.cli.stack_fixtures import clean_env, gpt2, last_json
+from tests.cli.stack.fixtures import clean_env, gpt2, last_json
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def deployment_run(stack, params: dict) -> str:
 
 
 def client(stack):
-    from cli.stack_prefect import client as stack_client
+    from cli.stack.prefect_setup import client as stack_client
 
     return stack_client(stack["prefect_api_url"])
 

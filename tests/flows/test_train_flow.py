@@ -10,7 +10,7 @@ from prefect.client.orchestration import get_client
 
 from flows.train import train_flow
 from gpt2.checkpoint import store
-from tests.gpt2.train_fixtures import TINY, tiny_config, write_dataset
+from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
 
 KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
         "tokens_per_second", "mlflow_run_id"}

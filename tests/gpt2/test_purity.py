@@ -47,3 +47,19 @@ def test_importing_every_module_loads_no_prefect():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_modules_stay_small():
+    """A module a newcomer can read in one sitting (the house rule is ~300 lines)."""
+    sizes = {str(f.relative_to(GPT2)): len(f.read_text().splitlines()) for f in GPT2.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 300} == {}
+
+
+def test_the_root_is_resolved_in_one_place():
+    """Paths under the artifact root come from gpt2/layout.py: nobody else
+    turns `runtime.root` into a URL by hand."""
+    project = GPT2.parent
+    sources = [f for d in ("gpt2", "tasks", "flows", "cli") for f in (project / d).rglob("*.py")]
+    offenders = [str(f.relative_to(project)) for f in sources
+                 if "normalize_url(config.runtime.root)" in f.read_text() and f.name != "layout.py"]
+    assert sources and offenders == []

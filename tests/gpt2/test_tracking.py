@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlflow import MlflowClient
 
 from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, flatten, metric_name
-from tests.gpt2.train_fixtures import tiny_config
+from tests.gpt2.train.fixtures import tiny_config
 
 
 def test_defaults_live_under_the_artifact_root(tmp_path):

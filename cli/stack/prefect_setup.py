@@ -11,9 +11,14 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from cli import stack_assets
+from flows import deployment_file
 
 PROFILE = "gpt2-local"
+# Work pool name -> base job template the local stack creates it with.
+LOCAL_POOLS = {"cpu": "process-cpu", "gpu": "process-gpu"}
+# One local accelerator: one run on it at a time. The cpu pool runs the parent
+# next to its stages, so it has no limit.
+POOL_CONCURRENCY = {"gpu": 1}
 
 
 @contextmanager
@@ -65,10 +70,10 @@ def create_pools(api_url: str) -> None:
     from prefect.client.schemas.actions import WorkPoolCreate
 
     with client(api_url) as c:
-        for pool, template in stack_assets.LOCAL_POOLS.items():
-            spec = WorkPoolCreate(name=pool, type="process", base_job_template=stack_assets.pool_template(template),
+        for pool, template in LOCAL_POOLS.items():
+            spec = WorkPoolCreate(name=pool, type="process", base_job_template=deployment_file.pool_template(template),
                                   description=f"Local process pool `{pool}` (gpt2 stack)",
-                                  concurrency_limit=stack_assets.POOL_CONCURRENCY.get(pool))
+                                  concurrency_limit=POOL_CONCURRENCY.get(pool))
             c.create_work_pool(spec, overwrite=True)
 
 
@@ -78,7 +83,7 @@ def apply_automations(api_url: str, max_reschedules: int) -> list[str]:
 
     names = []
     with client(api_url) as c:
-        for spec in stack_assets.automations(max_reschedules):
+        for spec in deployment_file.automations(max_reschedules):
             for old in c.read_automations_by_name(spec["name"]):
                 c.delete_automation(old.id)
             c.create_automation(AutomationCore.model_validate(spec))
@@ -90,7 +95,7 @@ def deploy_all(api_url: str, env: dict[str, str], log_path: str) -> None:
     """`prefect deploy --all` from the project directory against the stack's server."""
     cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]
     with open(log_path, "ab") as log:
-        done = subprocess.run(cmd, cwd=stack_assets.PROJECT_DIR, env={**env, "PREFECT_API_URL": api_url},
+        done = subprocess.run(cmd, cwd=deployment_file.PROJECT_DIR, env={**env, "PREFECT_API_URL": api_url},
                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"`prefect deploy --all` failed (exit {done.returncode}); see {log_path}")
@@ -102,7 +107,7 @@ def pool_status(api_url: str) -> dict[str, str | None]:
 
     out: dict[str, str | None] = {}
     with client(api_url) as c:
-        for pool in stack_assets.LOCAL_POOLS:
+        for pool in LOCAL_POOLS:
             try:
                 status = c.read_work_pool(pool).status
                 out[pool] = status.value if status else None

@@ -1,4 +1,4 @@
-"""What `prefect.yaml` and `deployments/` hold, loaded for the stack and the tests.
+"""What `prefect.yaml` and `deployments/` hold, loaded for the local stack (cli/stack) and the tests.
 
     pool_template("process-gpu")          # a base job template (dict)
     automations(max_reschedules=5)        # the automations, with the reschedule cap applied
@@ -20,11 +20,6 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 DEPLOYMENTS_DIR = PROJECT_DIR / "deployments"
 PREFECT_YAML = PROJECT_DIR / "prefect.yaml"
 
-# Work pool name -> base job template the local stack creates it with.
-LOCAL_POOLS = {"cpu": "process-cpu", "gpu": "process-gpu"}
-# One local accelerator: one run on it at a time. The cpu pool runs the parent
-# next to its stages, so it has no limit.
-POOL_CONCURRENCY = {"gpu": 1}
 # The flow-run heartbeat period (s) on GPU pools; PREFECT_RUNNER_HEARTBEAT_FREQUENCY
 # is its legacy name. deployments/automations/zombie-runs.yaml assumes 30.
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"

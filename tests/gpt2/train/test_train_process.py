@@ -22,10 +22,10 @@ import torch
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
-from tests.gpt2.test_train import weights
-from tests.gpt2.train_fixtures import tiny_config, write_dataset, write_run_json
+from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
+from tests.gpt2.train.test_train import weights
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _env() -> dict:

@@ -20,7 +20,7 @@ from typing import Optional
 import typer
 
 from cli.common import JsonOpt, emit, fail
-from cli.stack_assets import DEFAULT_MAX_RESCHEDULES
+from flows.deployment_file import DEFAULT_MAX_RESCHEDULES
 
 app = typer.Typer(help="A local Prefect server, MLflow server and workers (the cloud architecture, on loopback).",
                   no_args_is_help=True)
@@ -34,7 +34,7 @@ ReschedulesOpt = typer.Option(DEFAULT_MAX_RESCHEDULES, "--max-reschedules", min=
 
 
 def _state_dir(path: Optional[Path]) -> Path:
-    from cli.stack import default_state_dir
+    from cli.stack.services import default_state_dir
 
     return (path or default_state_dir()).expanduser().resolve()
 
@@ -46,14 +46,14 @@ def _say(message: str) -> None:
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
        as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
-    from cli import stack
-    from cli.processes import ServiceError
+    from cli.stack import services
+    from cli.stack.processes import ServiceError
 
     try:
-        state = stack.up(_state_dir(state_dir), root, max_reschedules, say=_say)
+        state = services.up(_state_dir(state_dir), root, max_reschedules, say=_say)
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
-    result = stack.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
+    result = services.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
     if os.environ.get("PREFECT_API_URL") not in (None, result["prefect_api_url"]):
         _say("note: PREFECT_API_URL is set in this shell and wins over the profile; unset it to reach the stack")
     emit(result, as_json, "\n".join([
@@ -67,18 +67,18 @@ def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, m
 
 def down(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:
     """Stop what `up` started and restore the previous Prefect profile."""
-    from cli import stack
+    from cli.stack import services
 
-    result = stack.down(_state_dir(state_dir))
+    result = services.down(_state_dir(state_dir))
     stopped = ", ".join(result["stopped"]) or "nothing was running"
     emit(result, as_json, f"stopped: {stopped}" + (f"\nprofile: {result['profile']}" if "profile" in result else ""))
 
 
 def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:
     """Health of the server, MLflow and each worker; exit 1 unless all are healthy."""
-    from cli import stack
+    from cli.stack import services
 
-    result = stack.status(_state_dir(state_dir))
+    result = services.status(_state_dir(state_dir))
     lines = [f"{'healthy' if result['healthy'] else 'NOT healthy' if result['up'] else 'not up'}",
              f"Prefect API: {result['prefect_api_url']}", f"MLflow:      {result['mlflow_url']}",
              f"artifacts:   {result['root']}"]

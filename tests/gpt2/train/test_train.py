@@ -18,7 +18,7 @@ from gpt2.tracking import default_tracking_uri
 from gpt2.train.memory import cpu_limit
 from gpt2.train.run import train
 from gpt2.train.session import TrainingError
-from tests.gpt2.train_fixtures import tiny_config, write_dataset
+from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
 
 def weights(url: str) -> dict[str, torch.Tensor]:

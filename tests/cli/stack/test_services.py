@@ -8,8 +8,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cli import processes
-from tests.cli.stack_fixtures import clean_env, gpt2, last_json, prefect
+from cli.stack import processes
+from tests.cli.stack.fixtures import clean_env, gpt2, last_json, prefect
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def _api_view(api_url: str) -> dict:
-    from cli.stack_prefect import client
+    from cli.stack.prefect_setup import client
 
     with client(api_url) as c:
         pools = c.read_work_pools()
@@ -46,7 +46,7 @@ def _api_view(api_url: str) -> dict:
 
 
 def test_up_status_down_in_a_fresh_home(home, tmp_path):
-    from cli import stack_assets
+    from flows import deployment_file
 
     env, cwd = clean_env(home), tmp_path  # not the project dir: works from anywhere
     up = last_json(gpt2(env, cwd, "stack", "up", "--root", str(tmp_path / "root"), "--json"))
@@ -69,8 +69,8 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     listed = prefect(env, cwd, "deployment", "ls")
     assert all(name in listed for name in DEPLOYMENTS), listed
     view = _api_view(up["prefect_api_url"])
-    assert view["pools"]["gpu"] == stack_assets.pool_template("process-gpu")
-    assert view["pools"]["cpu"] == stack_assets.pool_template("process-cpu")
+    assert view["pools"]["gpu"] == deployment_file.pool_template("process-gpu")
+    assert view["pools"]["cpu"] == deployment_file.pool_template("process-cpu")
     assert view["limits"] == {"cpu": None, "gpu": 1}
     assert set(view["automations"]) == {"gpt2-reschedule-preempted", "gpt2-zombie-runs"}
     assert view["workers"] == {"cpu": ["gpt2-cpu"], "gpu": ["gpt2-gpu"]}

@@ -13,7 +13,7 @@ from gpt2.checkpoint import store
 from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
 from gpt2.train.optim import make_optimizer
-from tests.gpt2.train_fixtures import tiny_config
+from tests.gpt2.train.fixtures import tiny_config
 
 
 def _trained_bits(config):
@@ -117,3 +117,19 @@ def test_checkpoints_work_on_an_object_store_root():
     loaded, _ = store.load_model(url)
     assert torch.equal(loaded.transformer.wte.weight, model.transformer.wte.weight)
     storage.remove("memory://ckpt-test", recursive=True)
+
+
+def test_a_snapshot_is_frozen_while_training_goes_on(tmp_path):
+    """The background writer serializes the snapshot while the next steps run:
+    on a CPU the snapshot must not share storage with the live weights."""
+    config = tiny_config(tmp_path)
+    model, opt = _trained_bits(config)
+    tensors, opt_state = store.snapshot(model, opt)
+    before = {k: v.clone() for k, v in tensors.items()}
+    moments = [s["exp_avg"].clone() for s in opt_state["state"].values()]
+    _, loss = model(torch.randint(0, 50257, (2, 32)), torch.randint(0, 50257, (2, 32)))
+    loss.backward()
+    opt.step()  # what the loop does while the writer thread is still writing
+    assert not torch.equal(model.transformer.wte.weight, before["transformer.wte.weight"])
+    assert all(torch.equal(tensors[k], before[k]) for k in before)
+    assert all(torch.equal(s["exp_avg"], m) for s, m in zip(opt_state["state"].values(), moments))

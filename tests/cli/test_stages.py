@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from gpt2 import storage
-from tests.gpt2.train_fixtures import TINY, tiny_config, write_dataset
+from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
 
 KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
         "tokens_per_second", "mlflow_run_id"}

@@ -1,4 +1,4 @@
-"""cli/processes.py with real processes: a detached service and the process it
+"""cli/stack/processes.py with real processes: a detached service and the process it
 starts in a session of its own both stop; a reused pid is never signalled."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import textwrap
 import psutil
 import pytest
 
-from cli import processes
+from cli.stack import processes
 
 # A "service" that starts a grandchild in its own session (as a worker's flow
 # run may), prints its pid and serves HTTP.

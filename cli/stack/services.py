@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cli import processes, stack_assets, stack_prefect
+from cli.stack import prefect_setup, processes
+from flows import deployment_file
 
 STATE_FILE = "stack.json"
 SERVER_START_S = 120  # ~11 s on an idle 2-core machine; far more while MLflow starts beside it
@@ -53,7 +54,7 @@ def default_root() -> str:
 
     root = RuntimeConfig().root
     if root.startswith("file://") and not Path(root[len("file://"):]).is_absolute():
-        return storage.normalize_url(str(stack_assets.PROJECT_DIR / root[len("file://"):]))
+        return storage.normalize_url(str(deployment_file.PROJECT_DIR / root[len("file://"):]))
     return storage.normalize_url(root)
 
 
@@ -107,34 +108,34 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
 
     worker_env = {**env, "PREFECT_API_URL": state["prefect_api_url"], "MLFLOW_TRACKING_URI": state["mlflow_url"],
                   ROOT_ENV: state["root"],  # deployment runs write under the stack's root
-                  stack_assets.PROJECT_DIR_ENV: str(stack_assets.PROJECT_DIR),
+                  deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR),
                   "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
-    for pool in stack_assets.LOCAL_POOLS:
+    for pool in prefect_setup.LOCAL_POOLS:
         # GPU runs send heartbeats for zombie detection. (No `--limit` here: in
         # Prefect 3.8 a worker with a limit dies when a crashed run it still
         # counts comes back rescheduled; the gpu pool's own limit serves instead.)
-        extra = {stack_assets.HEARTBEAT_ENV: str(stack_assets.GPU_HEARTBEAT_S)} if pool == "gpu" else {}
+        extra = {deployment_file.HEARTBEAT_ENV: str(deployment_file.GPU_HEARTBEAT_S)} if pool == "gpu" else {}
         cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
                "--name", f"gpt2-{pool}"]
         state["processes"].append(processes.start(f"worker-{pool}", cmd, {**worker_env, **extra},
-                                                  stack_assets.PROJECT_DIR, state_dir / "logs"))
+                                                  deployment_file.PROJECT_DIR, state_dir / "logs"))
 
 
 def _wait_pools_ready(api_url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(s == "READY" for s in stack_prefect.pool_status(api_url).values()):
+        if all(s == "READY" for s in prefect_setup.pool_status(api_url).values()):
             return
         time.sleep(1)
     raise processes.ServiceError(f"workers did not start polling within {timeout:.0f} s: "
-                                 f"{stack_prefect.pool_status(api_url)}")
+                                 f"{prefect_setup.pool_status(api_url)}")
 
 
 def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["name"]: p for p in state["processes"]}
 
 
-def up(state_dir: Path, root: str | None = None, max_reschedules: int = stack_assets.DEFAULT_MAX_RESCHEDULES,
+def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES,
        say: Callable[[str], None] = print) -> dict[str, Any]:
     """Start the stack, or return the running one; stops a half-dead one first.
 
@@ -158,8 +159,8 @@ def _start(state_dir: Path, root: str | None, max_reschedules: int, say: Callabl
     from gpt2 import storage
 
     state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(),
-                             "project_dir": str(stack_assets.PROJECT_DIR), "state_dir": str(state_dir),
-                             "profile": stack_prefect.PROFILE, "previous_profile": stack_prefect.active_profile(),
+                             "project_dir": str(deployment_file.PROJECT_DIR), "state_dir": str(state_dir),
+                             "profile": prefect_setup.PROFILE, "previous_profile": prefect_setup.active_profile(),
                              "processes": []}
     try:
         _up(state, state_dir, max_reschedules, say)
@@ -178,15 +179,15 @@ def _up(state: dict[str, Any], state_dir: Path, max_reschedules: int, say: Calla
     api, procs = state["prefect_api_url"], _procs(state)
     processes.wait_http(procs["server"], f"{api}/health", SERVER_START_S)
     say("creating work pools and automations")
-    stack_prefect.create_pools(api)
-    state["automations"] = stack_prefect.apply_automations(api, max_reschedules)
+    prefect_setup.create_pools(api)
+    state["automations"] = prefect_setup.apply_automations(api, max_reschedules)
     _start_workers(state, state_dir, env)
     _write_state(state_dir, state)
     say("deploying prefect.yaml")
-    stack_prefect.deploy_all(api, env, str(state_dir / "logs" / "deploy.log"))
+    prefect_setup.deploy_all(api, env, str(state_dir / "logs" / "deploy.log"))
     processes.wait_http(procs["mlflow"], f"{state['mlflow_url']}/health", MLFLOW_START_S)
     _wait_pools_ready(api, 60)
-    state["previous_profile"] = stack_prefect.use_profile(api)
+    state["previous_profile"] = prefect_setup.use_profile(api)
     _write_state(state_dir, state)
 
 
@@ -200,9 +201,9 @@ def down(state_dir: Path) -> dict[str, Any]:
         if processes.alive(rec):
             processes.stop(rec)
             stopped.append(rec["name"])
-    stack_prefect.restore_profile(state.get("previous_profile"))
+    prefect_setup.restore_profile(state.get("previous_profile"))
     (state_dir / STATE_FILE).unlink()
-    return {"stopped": stopped, "profile": stack_prefect.active_profile()}
+    return {"stopped": stopped, "profile": prefect_setup.active_profile()}
 
 
 def status(state_dir: Path) -> dict[str, Any]:
@@ -217,14 +218,14 @@ def status(state_dir: Path) -> dict[str, Any]:
         parts["server"]["healthy"] = processes.http_ok(f"{state['prefect_api_url']}/health")
     if "mlflow" in parts:
         parts["mlflow"]["healthy"] = processes.http_ok(f"{state['mlflow_url']}/health")
-    pools = stack_prefect.pool_status(state["prefect_api_url"]) if parts.get("server", {}).get("healthy") else {}
-    for pool in stack_assets.LOCAL_POOLS:
+    pools = prefect_setup.pool_status(state["prefect_api_url"]) if parts.get("server", {}).get("healthy") else {}
+    for pool in prefect_setup.LOCAL_POOLS:
         if f"worker-{pool}" in parts:
             part = parts[f"worker-{pool}"]
             part["pool"], part["pool_status"] = pool, pools.get(pool)
             part["healthy"] = part["alive"] and part["pool_status"] == "READY"
-    expected = {"server", "mlflow", *(f"worker-{p}" for p in stack_assets.LOCAL_POOLS)}
+    expected = {"server", "mlflow", *(f"worker-{p}" for p in prefect_setup.LOCAL_POOLS)}
     healthy = expected <= set(parts) and all(p["alive"] and p.get("healthy", True) for p in parts.values())
     keys = ("prefect_api_url", "prefect_ui_url", "mlflow_url", "root", "state_dir", "profile", "automations")
     return {"up": True, "healthy": healthy, **{k: state.get(k) for k in keys},
-            "active_profile": stack_prefect.active_profile(), "parts": parts}
+            "active_profile": prefect_setup.active_profile(), "parts": parts}

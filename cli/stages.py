@@ -1,0 +1,157 @@
+"""The stage commands: `gpt2 prepare`, `train`, `evaluate`, `export` and `run`
+(the whole pipeline in this process on the embedded default: a temporary
+Prefect server, a local SQLite MLflow store).
+
+    gpt2 prepare --preset smoke --json
+    gpt2 train --preset smoke --json
+    gpt2 train --preset gpt2-124m --root gs://bucket/gpt2 --set runtime.nproc_per_node=8
+    gpt2 evaluate --preset smoke --json
+    gpt2 evaluate --preset gpt2-124m --set eval.limit=1000 --checkpoint gs://b/runs/r/checkpoints/step_019073
+    gpt2 export --preset smoke --json
+    gpt2 run --preset smoke
+    gpt2 run --preset smoke --json
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Optional
+
+import typer
+
+from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, run_flow, setup_logging
+
+FreshOpt = typer.Option(False, "--fresh", help="Delete this run's checkpoints and start over (default: resume).")
+CheckpointOpt = typer.Option(
+    "latest", "--checkpoint", help="A checkpoint directory URL, or `latest`: the newest complete one of the preset's run."
+)
+
+EVAL_KEYS = ("hellaswag", "mlflow_run_id", "native", "parity", "source", "benchmark", "checkpoint", "step", "result_url", "cached")
+
+
+def prepare(
+    preset: str = PresetOpt,
+    sets: Optional[list[str]] = SetOpt,
+    root: Optional[str] = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Tokenize the corpus into llm.c shards under the artifact root (cached: a
+    rerun skips finished work, a killed run continues where it stopped)."""
+    _, result = run_flow("flows.data:data_flow", preset, sets, root)
+    emit(
+        result,
+        as_json,
+        f"{'cached' if result['cached'] else 'prepared'}: {result['shards']} shards, "
+        f"{result['train_tokens']:,} train + {result['val_tokens']:,} val tokens\nmanifest: {result['manifest']}",
+    )
+
+
+def _prepare_hint(preset: str, sets: Optional[list[str]], root: Optional[str]) -> str:
+    parts = ["gpt2", "prepare", "--preset", preset]
+    for s in sets or []:
+        parts += ["--set", s]
+    if root:
+        parts += ["--root", root]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def train(
+    preset: str = PresetOpt,
+    sets: Optional[list[str]] = SetOpt,
+    root: Optional[str] = RootOpt,
+    fresh: bool = FreshOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Train GPT-2 on the prepared shards; rerun the same command to resume."""
+    config = load_config(preset, sets, root)
+    setup_logging()
+    from gpt2 import layout, storage
+
+    url = layout.manifest(config)
+    if not storage.exists(url):
+        fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
+             + _prepare_hint(preset, sets, root))
+    _, result = run_flow("flows.train:train_flow", preset, sets, root, fresh=fresh)
+    val = result["final_val_loss"]
+    summary = f"{'cached' if result.get('cached') else 'trained'}: {result['run_name']} at step {result['steps']}"
+    if val is not None:
+        summary += f", val loss {val:.4f}"
+    emit(result, as_json, f"{summary}\ncheckpoint: {result['checkpoint']}")
+
+
+def evaluate(
+    preset: str = PresetOpt,
+    sets: Optional[list[str]] = SetOpt,
+    root: Optional[str] = RootOpt,
+    checkpoint: str = CheckpointOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """HellaSwag of a checkpoint with lm-eval, checked against the native scorer (cached)."""
+    _, result = run_flow("flows.evaluate:eval_flow", preset, sets, root, checkpoint=checkpoint)
+    out = {k: result.get(k) for k in EVAL_KEYS}
+    h = out["hellaswag"]
+    emit(
+        out,
+        as_json,
+        f"{'cached' if result['cached'] else 'evaluated'} step {result['step']} on {result['source']} "
+        f"({h['n']} items): acc {h['acc']:.4f}, acc_norm {h['acc_norm']:.4f}, "
+        f"acc_norm_per_token {h['acc_norm_per_token']:.4f}; native scorer "
+        f"{'agrees' if result['parity']['agree'] else 'DISAGREES'}\nresult: {result['result_url']}",
+    )
+
+
+def export(
+    preset: str = PresetOpt,
+    sets: Optional[list[str]] = SetOpt,
+    root: Optional[str] = RootOpt,
+    checkpoint: str = CheckpointOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Export a checkpoint as a Hugging Face directory and llm.c files; register the HF model in MLflow (cached)."""
+    _, result = run_flow("flows.export:export_flow", preset, sets, root, checkpoint=checkpoint)
+    emit(
+        result,
+        as_json,
+        f"{'cached' if result['cached'] else 'exported'} step {result['step']}\nhf: {result['hf_dir']}\n"
+        f"llm.c: {result['llmc_bin']}\nregistered: {result['registered_model']} v{result['model_version']}"
+        f" (alias {result['alias']})",
+    )
+
+
+def run(
+    preset: str = PresetOpt,
+    sets: Optional[list[str]] = SetOpt,
+    root: Optional[str] = RootOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Prepare, train, evaluate and export: every stage cached, so a rerun
+    (or a rerun after a crash) only does what is missing."""
+    # Any stage's error ends the pipeline; the flow already logged its traceback.
+    config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, errors=(Exception,))
+    guide = where_things_are(config, result)
+    if as_json:
+        typer.echo(guide, err=True)
+    emit(result, as_json, guide)
+
+
+def where_things_are(config, result: dict[str, Any]) -> str:
+    from gpt2.tracking import default_tracking_uri
+
+    hs = result.get("hellaswag") or {}
+    cached = ", ".join(result["cached_stages"]) or "none"
+    uri = default_tracking_uri(config)
+    ui = (f"mlflow ui --backend-store-uri {uri}  # then open http://127.0.0.1:5000"
+          if uri.startswith("sqlite:") else uri)
+    lines = [
+        f"pipeline finished (cached stages: {cached})",
+        f"  final val loss:   {result['final_val_loss']}",
+        f"  HellaSwag:        acc {hs.get('acc')}  acc_norm {hs.get('acc_norm')}  (n={hs.get('n')})",
+        f"  checkpoint:       {result['checkpoint']}",
+        f"  Hugging Face dir: {result['hf_dir']}",
+        "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",
+        f"  llm.c model:      {result['llmc_bin']}",
+        f"  MLflow run:       {result['mlflow_run_id']} (registered model {result['registered_model']} "
+        f"v{result['model_version']})",
+        f"  MLflow UI:        {ui}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""A torchrun child reports progress and outcome in a JSON-lines status file."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt2.checkpoint import store
+from gpt2.train.launch import StatusFile, step_info, torchrun_command, torchrun_train
+from gpt2.train.progress import StepInfo
+from gpt2.train.run import Preempted
+from gpt2.train.session import TrainingError
+from tests.gpt2.train.fixtures import tiny_config, write_dataset
+
+INFO = StepInfo(step=12, max_steps=60, loss=7.12345, lr=1e-3, grad_norm=0.8123, tokens_per_second=15321.7,
+                mfu=None, eta_seconds=3.5, val_loss=3.281)
+
+
+def test_status_events_round_trip_and_are_read_incrementally(tmp_path):
+    writer, reader = StatusFile(tmp_path / "s.jsonl"), StatusFile(tmp_path / "s.jsonl")
+    assert reader.read_new() == []  # nothing written yet
+    writer.step(INFO)
+    [event] = reader.read_new()
+    assert event["event"] == "step" and step_info(event) == INFO  # exact: no rounding through text
+    assert reader.read_new() == []
+    writer.write("done", result={"steps": 60})
+    assert reader.read_new() == [{"event": "done", "result": {"steps": 60}}]
+
+
+def test_a_torn_last_line_is_read_once_it_is_whole(tmp_path):
+    path = tmp_path / "s.jsonl"
+    line = json.dumps({"event": "step", **INFO.to_dict()}) + "\n"
+    path.write_text(line[:20])
+    reader = StatusFile(path)
+    assert reader.read_new() == []
+    with open(path, "a") as f:
+        f.write(line[20:])
+    assert [step_info(e) for e in reader.read_new()] == [INFO]
+
+
+def test_torchrun_command_runs_the_trainer_module():
+    cmd = torchrun_command(Path("run.json"), Path("s.jsonl"), 8, "abc", {"stage": "train"})
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    assert cmd[5:11] == ["-m", "gpt2.train", "--config", "run.json", "--status", "s.jsonl"]
+    assert cmd[-4:] == ["--parent-run-id", "abc", "--tag", "stage=train"]
+
+
+def _two_processes(tmp_path, **overrides):
+    config = tiny_config(tmp_path, **{"runtime.nproc_per_node": 2, **overrides})
+    write_dataset(config)
+    return config
+
+
+def test_torchrun_progress_comes_from_the_status_file(tmp_path):
+    config = _two_processes(tmp_path, **{"train.max_steps": 4})
+    seen: list[StepInfo] = []
+    result = torchrun_train(config, progress=seen.append, log_line=lambda line: None)
+    assert result.world_size == 2 and result.steps == 4
+    assert [i.step for i in seen] == [1, 2, 3, 4] and all(i.max_steps == 4 for i in seen)
+
+
+def test_torchrun_sigterm_outcome_is_preempted_and_a_training_error_is_named(tmp_path):
+    config = _two_processes(tmp_path, **{"train.checkpoint_every": 100})
+    seen: list[StepInfo] = []
+
+    def progress(info: StepInfo) -> None:
+        seen.append(info)
+        if info.step == 2:  # a preemption notice, as the flow process would forward it
+            threading.Thread(target=lambda: signal.raise_signal(signal.SIGTERM)).start()
+
+    # forward_sigterm only installs its handler on the main thread: we are on it.
+    with pytest.raises(Preempted, match="SIGTERM"):
+        torchrun_train(config, progress=progress, log_line=lambda line: None)
+    assert 2 <= max(i.step for i in seen) < 8
+    assert store.latest_checkpoint(config) is not None
+
+    bad = _two_processes(tmp_path / "bad", **{"train.micro_batch_size": 3})
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match="micro_batch_size=3"):
+        torchrun_train(bad, log_line=lambda line: None)
+    assert time.monotonic() - t0 < 120

@@ -1,0 +1,123 @@
+"""SIGTERM: the step finishes, a checkpoint is written, then the signal goes
+on to the handler it replaced (Prefect's bridge: a Crashed run, which the
+reschedule automation acts on; never Failed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+
+from gpt2 import storage
+from gpt2.checkpoint import store
+from gpt2.train.preemption import SigtermGuard
+from gpt2.train.run import Preempted, train
+from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+class HandedOn(Exception):
+    pass
+
+
+def _raise_handed_on(signum, frame):
+    raise HandedOn(signum)
+
+
+@pytest.fixture
+def outer_handler():
+    previous = signal.signal(signal.SIGTERM, _raise_handed_on)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_at(step: int):
+    def progress(info) -> None:
+        if info.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return progress
+
+
+def _stopped_step(config) -> int:
+    latest = store.latest_checkpoint(config)
+    return storage.read_json(storage.join(latest, "state.json"))["step"]
+
+
+def test_the_guard_holds_the_signal_then_hands_it_on(outer_handler):
+    guard = SigtermGuard()
+    with guard.installed():
+        os.kill(os.getpid(), signal.SIGTERM)  # held: nothing raised here
+        assert guard.requested
+        with pytest.raises(HandedOn):
+            guard.hand_on()
+    assert signal.getsignal(signal.SIGTERM) is _raise_handed_on
+
+
+def test_after_the_checkpoint_the_replaced_handler_gets_the_signal(tmp_path, outer_handler):
+    config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})  # only SIGTERM and the end write one
+    write_dataset(config)
+    with pytest.raises(HandedOn):
+        train(config, progress=_sigterm_at(3))
+    assert 3 <= _stopped_step(config) < config.train.max_steps
+    resumed = train(config)
+    assert resumed.resumed_from_step == _stopped_step(config) or resumed.steps == config.train.max_steps
+
+
+def test_without_a_handler_above_it_is_preempted(tmp_path):
+    config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})
+    write_dataset(config)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(Preempted, match="rerun the same command to resume"):
+            train(config, progress=_sigterm_at(2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert _stopped_step(config) >= 2
+
+
+FLOW_SCRIPT = """
+import json, os, signal, sys
+from prefect import flow
+from prefect.runtime import flow_run
+from gpt2.config import Config
+from gpt2.train.run import train
+
+config = Config.model_validate(json.load(open(sys.argv[1])))
+
+def progress(info):
+    if info.step == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+@flow(name="sigterm-probe")
+def training_flow():
+    print("flow run", flow_run.id, flush=True)
+    train(config, progress=progress)
+
+training_flow()
+"""
+
+
+def test_a_prefect_flow_run_ends_crashed_not_failed(tmp_path, prefect_server):
+    """In its own process: after Prefect's bridge marks the run Crashed, it
+    ends the process with the signal, as a preempted machine would see."""
+    config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})
+    write_dataset(config)
+    script = tmp_path / "probe.py"
+    script.write_text(FLOW_SCRIPT)
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(script), str(write_run_json(config, tmp_path / "run.json"))],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stdout + done.stderr  # it did not finish the run
+    run_id = re.search(r"flow run ([0-9a-f-]{36})", done.stdout).group(1)
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run_id).state
+    assert state.type.value == "CRASHED", f"{state.name}: {state.message}\n{done.stderr[-3000:]}"
+    assert _stopped_step(config) >= 3
