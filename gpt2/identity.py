@@ -62,11 +62,25 @@ def data_step_fingerprint(config: Config, step: str) -> str:
     return fingerprint({"step": step if fields else "all", **ident})
 
 
-def train_identity(config: Config) -> dict:
+# Train settings that never change the weights: how the global batch is
+# split into micro-batches (the OOM error tells users to change it), and how
+# often the run validates, samples and checkpoints. Changing one continues
+# the same run.
+TRAIN_RUNTIME_FIELDS = frozenset({"micro_batch_size", "checkpoint_every", "keep_checkpoints", "eval_every",
+                                  "sample_every"})
+
+
+def train_identity(config: Config, legacy: bool = False) -> dict:
+    """What defines a run's weights. `legacy`: the identity of releases
+    before 0.2, which counted TRAIN_RUNTIME_FIELDS too (their runs are
+    resumed, see gpt2.train.session)."""
+    train = config.train.model_dump(mode="json")
+    if not legacy:
+        train = {k: v for k, v in train.items() if k not in TRAIN_RUNTIME_FIELDS}
     return {
         "model": config.model.model_dump(mode="json"),
         "data": data_identity(config),
-        "train": config.train.model_dump(mode="json"),
+        "train": train,
         "format": TRAIN_FORMAT_VERSION,
     }
 
@@ -77,6 +91,15 @@ def data_fingerprint(config: Config) -> str:
 
 def train_fingerprint(config: Config) -> str:
     return fingerprint(train_identity(config))
+
+
+def legacy_train_fingerprint(config: Config) -> str:
+    return fingerprint(train_identity(config, legacy=True))
+
+
+def model_data_fingerprint(config: Config) -> str:
+    """Model + data only: runs that share it differ in training settings alone."""
+    return fingerprint({"model": config.model.model_dump(mode="json"), "data": data_identity(config)})
 
 
 def eval_fingerprint(config: Config, model_sha256: str) -> str:

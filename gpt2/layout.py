@@ -27,7 +27,7 @@ from pathlib import Path
 
 from gpt2 import storage
 from gpt2.config import Config
-from gpt2.identity import data_fingerprint, data_step_fingerprint, train_fingerprint
+from gpt2.identity import data_fingerprint, data_step_fingerprint, legacy_train_fingerprint, train_fingerprint
 
 MANIFEST_NAME = "manifest.json"
 HASH_CHARS = 12
@@ -78,6 +78,16 @@ def run_name(config: Config) -> str:
 
 def run_dir(config: Config) -> str:
     return run_dir_under(root(config), run_name(config))
+
+
+def legacy_run_dir(config: Config) -> str:
+    """Where releases before 0.2 kept this run (their name counted settings
+    that never change the weights)."""
+    return run_dir_under(root(config), f"{config.data.name}-{legacy_train_fingerprint(config)[:HASH_CHARS]}")
+
+
+def runs_dir(config: Config) -> str:
+    return storage.join(root(config), "runs")
 
 
 def run_dir_under(root_url: str, name: str) -> str:

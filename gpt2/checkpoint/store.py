@@ -67,9 +67,21 @@ def _step_dirs(run_dir: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
+def _well_formed(marker: object) -> bool:
+    """A marker that names a step and every file with its size and sha256."""
+    if not isinstance(marker, dict) or not isinstance(marker.get("step"), int):
+        return False
+    files = marker.get("files")
+    return isinstance(files, dict) and set(files) == set(FILES) and all(
+        isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
+        for f in files.values())
+
+
 def read_marker(url: str) -> dict | None:
-    """The COMPLETE marker of a checkpoint directory; None if absent or torn."""
-    return storage.read_record(storage.join(url, MARKER))
+    """The COMPLETE marker of a checkpoint directory; None if absent, torn or
+    malformed (all three mean the checkpoint is incomplete)."""
+    marker = storage.read_record(storage.join(url, MARKER))
+    return marker if _well_formed(marker) else None
 
 
 def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
@@ -175,15 +187,23 @@ def load_checkpoint(url: str) -> Checkpoint:
 def resume_checkpoint(run_dir: str) -> Checkpoint | None:
     """The newest checkpoint that loads and verifies; damaged newer ones are
     skipped with a warning and then deleted, since the resumed run rewrites
-    those steps (and pruning must never keep them over good ones)."""
+    those steps (and pruning must never keep them over good ones). None when
+    the run has no complete checkpoint; when it has some but none verifies,
+    an error naming them: restarting at step 0 must be the user's choice."""
+    damaged = []
     for url in complete_checkpoints(run_dir):
         try:
             ckpt = load_checkpoint(url)
         except CheckpointError as err:
             log.warning("skipping damaged checkpoint: %s; falling back to the previous one", err)
+            damaged.append(str(err))
             continue
         _discard_after(run_dir, ckpt.step)
         return ckpt
+    if damaged:
+        raise CheckpointError(
+            f"no checkpoint of {run_dir} verifies, so the run cannot resume:\n  " + "\n  ".join(damaged)
+            + "\nrestore them from a copy, or start over with --fresh (deletes this run's checkpoints)")
     return None
 
 
@@ -203,19 +223,28 @@ def load_weights(model: GPT, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_model(checkpoint_url: str, device: str = "cpu") -> tuple[GPT, Config]:
-    """The GPT of a checkpoint (eval mode, fp32) and the config it was trained with."""
-    ckpt_state = json.loads(storage.read_bytes(storage.join(checkpoint_url, "state.json")))
-    config = Config.model_validate(ckpt_state["config"])
+    """The GPT of a checkpoint (eval mode, fp32) and the config it was trained
+    with; the weights and state are verified against the COMPLETE marker, so
+    damaged weights are never evaluated, exported or registered."""
+    marker = read_marker(checkpoint_url)
+    if marker is None:
+        raise CheckpointError(f"checkpoint {checkpoint_url} has no valid {MARKER} marker (incomplete)")
+    state = _read_verified(checkpoint_url, "state.json", marker["files"]["state.json"])
+    weights = _read_verified(checkpoint_url, "model.safetensors", marker["files"]["model.safetensors"])
+    config = Config.model_validate(json.loads(state)["config"])
     model = GPT(config.model)
-    load_weights(model, load_safetensors(storage.read_bytes(storage.join(checkpoint_url, "model.safetensors"))))
+    load_weights(model, load_safetensors(weights))
     return model.to(device).eval(), config
 
 
-def prune(run_dir: str, keep: int) -> None:
-    """Keep the newest `keep` complete checkpoints; delete older ones and any
-    incomplete leftovers. The marker goes first, so a half-deleted directory
-    never looks complete."""
-    complete = set(complete_checkpoints(run_dir)[:keep])
+def prune(run_dir: str, keep: int, written_step: int | None = None) -> None:
+    """Keep the newest `keep` complete checkpoints up to `written_step` (the
+    one just written); delete older ones, incomplete leftovers and any step
+    beyond `written_step` (left by an abandoned timeline of the run: they
+    must never outrank the checkpoint just written). The marker goes first,
+    so a half-deleted directory never looks complete."""
+    stale = {url for step, url in _step_dirs(run_dir) if written_step is not None and step > written_step}
+    complete = set([u for u in complete_checkpoints(run_dir) if u not in stale][:keep])
     for _, url in _step_dirs(run_dir):
         if url not in complete:
             storage.remove(storage.join(url, MARKER))

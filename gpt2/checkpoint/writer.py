@@ -38,7 +38,7 @@ class CheckpointWriter:
     def _write(self, url: str, tensors: dict, opt_state: dict, state: dict, rng: dict) -> None:
         t0 = now()
         store.write_checkpoint(url, tensors, opt_state, state, rng)
-        store.prune(self.run_dir, self.keep)
+        store.prune(self.run_dir, self.keep, written_step=state["step"])
         log.info("checkpoint %s written in %.2fs", url, now() - t0)
 
     def wait(self) -> str | None:

@@ -22,10 +22,10 @@ import sys
 from pathlib import Path
 
 from gpt2.config import Config
+from gpt2.errors import UserError
 from gpt2.train.launch import StatusFile
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
-from gpt2.train.session import TrainingError
 
 log = logging.getLogger("gpt2.train")
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", err)
         outcome("preempted", message=str(err))
         return PREEMPTED_EXIT_CODE
-    except (TrainingError, FileNotFoundError) as err:
+    except (UserError, FileNotFoundError) as err:  # TrainingError, damaged checkpoints, bad data
         log.error("%s", err)
         outcome("error", message=str(err))
         return 1

@@ -57,9 +57,8 @@ class Loop:
         state = session.resumed_state
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
-        resumed_url = layout.checkpoint_dir(self.run_dir, session.start_step) if state else None
         # Only rank 0 writes; the others keep no writer.
-        self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, resumed_url) \
+        self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url) \
             if session.env.is_main else None
         self.saved_step = session.start_step
         self.throughput = Throughput()

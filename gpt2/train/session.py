@@ -15,13 +15,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2 import layout
+from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.config import Config
 from gpt2.data.loader import ShardSource, TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest
 from gpt2.errors import UserError
-from gpt2.identity import train_fingerprint
+from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv, amp_dtype, barrier
@@ -48,6 +48,7 @@ class Session:
     micro_batch: int
     start_step: int = 0
     resumed_state: dict = field(default_factory=dict)
+    resumed_url: str | None = None
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -61,22 +62,67 @@ def check_batch_shape(config: Config, world_size: int) -> int:
     return total // (T * world_size)
 
 
-def resume_from(run_dir: str, env: DistEnv, fresh: bool) -> store.Checkpoint | None:
-    """Rank 0 picks (and on --fresh clears) the checkpoint; every rank loads it."""
-    ckpt = None
+def resume_from(config: Config, env: DistEnv, fresh: bool) -> store.Checkpoint | None:
+    """Rank 0 picks (and on --fresh clears) the checkpoint; every rank loads
+    it. A run none of whose checkpoints verifies stops on every rank."""
+    run_dir = layout.run_dir(config)
+    ckpt, error = None, None
     if env.is_main:
-        if fresh:
-            log.info("--fresh: deleting the checkpoints of %s", run_dir)
-            store.clear_run(run_dir)
-        ckpt = store.resume_checkpoint(run_dir)
+        try:
+            if fresh:
+                log.info("--fresh: deleting the checkpoints of %s", run_dir)
+                store.clear_run(run_dir)
+            ckpt = store.resume_checkpoint(run_dir) or (None if fresh else _from_earlier_release(config))
+        except store.CheckpointError as err:
+            error = err
+        if ckpt is None and error is None:
+            _log_siblings(config)
     if env.is_distributed:
-        box = [ckpt.url if ckpt else None]
+        box = [ckpt.url if ckpt else None, str(error) if error else None]
         dist.broadcast_object_list(box, src=0)
+        if box[1] and error is None:
+            error = store.CheckpointError(box[1])
         if not env.is_main and box[0]:
             ckpt = store.load_checkpoint(box[0])
+    if error is not None:
+        raise error
     if ckpt:
         log.info("resuming from %s (step %d)", ckpt.url, ckpt.step)
     return ckpt
+
+
+def _from_earlier_release(config: Config) -> store.Checkpoint | None:
+    """A run started before 0.2 lives under its old name (which counted the
+    micro-batch and the intervals): resume it from there; new checkpoints go
+    under the new name."""
+    legacy = layout.legacy_run_dir(config)
+    if legacy == layout.run_dir(config):
+        return None
+    ckpt = store.resume_checkpoint(legacy)
+    if ckpt is not None:
+        log.warning("continuing the run at %s (named by an earlier release); new checkpoints go to %s",
+                    legacy, layout.run_dir(config))
+    return ckpt
+
+
+def _log_siblings(config: Config) -> None:
+    """Starting at step 0: say so when a run of the same model and data exists,
+    so nobody restarts a long run by changing a training setting unknowingly."""
+    mine = model_data_fingerprint(config)
+    for name in storage.list_dir(layout.runs_dir(config)):
+        if name == layout.run_name(config):
+            continue
+        latest = store.latest_checkpoint(layout.run_dir_under(layout.root(config), name))
+        state = storage.read_record(storage.join(latest, "state.json")) if latest else None
+        try:
+            other = Config.model_validate(state["config"])
+        except (TypeError, KeyError, ValueError):
+            continue
+        if model_data_fingerprint(other) == mine:
+            changed = sorted(k for k, v in config.train.model_dump().items() if other.train.model_dump()[k] != v)
+            log.warning("starting %s at step 0; run %s has the same model and data (step %s) and differs in "
+                        "train.%s: to continue that run, use its settings", layout.run_name(config), name,
+                        state.get("step"), ", train.".join(changed) or "(nothing: copied by hand?)")
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:
@@ -122,8 +168,9 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     url = layout.manifest(config)
     manifest = load_manifest(url)
     seqs_per_rank = check_batch_shape(config, env.world_size)
-    ckpt = resume_from(layout.run_dir(config), env, fresh)
-    if ckpt and ckpt.state.get("train_fingerprint", train_fingerprint(config)) != train_fingerprint(config):
+    ckpt = resume_from(config, env, fresh)
+    known = (train_fingerprint(config), legacy_train_fingerprint(config))
+    if ckpt and ckpt.state.get("train_fingerprint", known[0]) not in known:
         raise TrainingError(f"checkpoint {ckpt.url} belongs to another training identity; "
                             "its directory was copied or renamed by hand")
     memory.set_cuda_limit(env.device, config.runtime.memory_limit_mb)
@@ -151,4 +198,5 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     val = val_batches(source, config.model.block_size, val_tokens, micro, env)
     barrier(env)
     return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
-                   start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {})
+                   start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},
+                   resumed_url=ckpt.url if ckpt else None)

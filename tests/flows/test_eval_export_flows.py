@@ -114,3 +114,26 @@ def test_cli_bad_input_fails_clearly(stage, tmp_path):
     assert out.exit_code == 1 and "is not writable" in out.stderr
     assert blocker.read_text() == "x"
     assert not storage.exists(storage.join(layout.run_dir(config), "export"))
+
+
+def flip_one_byte(path) -> None:
+    """Damage a file without changing its size (what a bad disk or a botched copy does)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_weights_are_neither_evaluated_nor_exported(stage):
+    config, _ = stage
+    ckpt = layout.checkpoint_dir(layout.run_dir(config), 60)
+    flip_one_byte(storage.local_path(storage.join(ckpt, "model.safetensors")))
+    common = ["--root", config.runtime.root, "--set", f"runtime.work_dir={config.runtime.work_dir}"]
+    runner = CliRunner()
+    for command in ("evaluate", "export"):
+        out = runner.invoke(app, [command, *common, "--set", "eval.limit=8"])
+        assert out.exit_code == 1, out.output
+        assert "model.safetensors does not match its COMPLETE marker" in out.stderr
+    assert not storage.exists(storage.join(layout.run_dir(config), "export"))
+    assert not storage.exists(storage.join(layout.run_dir(config), "eval"))
+    client = MlflowClient(tracking_uri=default_tracking_uri(config))
+    assert client.search_model_versions("name = 'gpt2-smoke'") == []

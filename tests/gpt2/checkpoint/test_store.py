@@ -133,3 +133,51 @@ def test_a_snapshot_is_frozen_while_training_goes_on(tmp_path):
     assert not torch.equal(model.transformer.wte.weight, before["transformer.wte.weight"])
     assert all(torch.equal(tensors[k], before[k]) for k in before)
     assert all(torch.equal(s["exp_avg"], m) for s, m in zip(opt_state["state"].values(), moments))
+
+
+@pytest.mark.parametrize("marker", ["{}", "[]", '{"step": 4}', '{"step": 4, "files": {"model.safetensors": {}}}'])
+def test_a_malformed_marker_counts_as_incomplete(tmp_path, marker):
+    config = tiny_config(tmp_path)
+    model, opt = _trained_bits(config)
+    good, bad = _save(config, model, opt, 2), _save(config, model, opt, 4)
+    storage.local_path(storage.join(bad, store.MARKER)).write_text(marker)
+    assert store.complete_checkpoints(config) == [good]
+    assert store.resume_checkpoint(layout.run_dir(config)).step == 2
+    with pytest.raises(store.CheckpointError, match="no valid COMPLETE marker"):
+        store.load_model(bad)
+
+
+def test_when_no_checkpoint_verifies_resume_refuses_naming_them(tmp_path):
+    config = tiny_config(tmp_path)
+    model, opt = _trained_bits(config)
+    urls = [_save(config, model, opt, step) for step in (2, 4)]
+    for url in urls:  # same size, other bytes: only the sha256 can tell
+        path = storage.local_path(storage.join(url, "optimizer.pt"))
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0x01
+        path.write_bytes(bytes(data))
+    with pytest.raises(store.CheckpointError) as err:
+        store.resume_checkpoint(layout.run_dir(config))
+    assert all(url in str(err.value) for url in urls) and "--fresh" in str(err.value)
+
+
+def test_load_model_refuses_weights_that_do_not_match_the_marker(tmp_path):
+    config = tiny_config(tmp_path)
+    model, opt = _trained_bits(config)
+    url = _save(config, model, opt, 2)
+    path = storage.local_path(storage.join(url, "model.safetensors"))
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(store.CheckpointError, match="model.safetensors does not match"):
+        store.load_model(url)
+
+
+def test_prune_drops_steps_beyond_the_one_just_written(tmp_path):
+    """Left by an abandoned timeline, they must never outrank the new checkpoint."""
+    config = tiny_config(tmp_path)
+    model, opt = _trained_bits(config)
+    for step in (2, 4, 9):
+        _save(config, model, opt, step)
+    store.prune(layout.run_dir(config), keep=2, written_step=4)
+    assert [u.rsplit("/", 1)[1] for u in store.complete_checkpoints(config)] == ["step_000004", "step_000002"]

@@ -190,3 +190,42 @@ def test_tracking_outage_does_not_stop_training(tmp_path, monkeypatch, caplog):
     assert store.latest_checkpoint(config).endswith("step_000004")
     assert result.mlflow_run_id is None
     assert "unavailable" in caplog.text and "not sent" in caplog.text
+
+
+def test_settings_that_never_change_the_weights_continue_the_same_run(finished, tmp_path):
+    """As the OOM error advises: a smaller micro-batch (and other intervals) resumes, never restarts."""
+    config = copy_root(finished, tmp_path)
+    _, first = finished
+    for url in store.complete_checkpoints(config)[:-1]:  # keep step 4 only: there is training left to do
+        shutil.rmtree(storage.local_path(url))
+    changed = tiny_config(tmp_path / "root", **{"train.micro_batch_size": 2, "train.checkpoint_every": 3,
+                                                "train.keep_checkpoints": 1, "train.eval_every": 3,
+                                                "train.sample_every": 5})
+    assert layout.run_dir(changed) == layout.run_dir(config)
+    result = train(changed)
+    assert result.resumed_from_step == 4 and result.micro_batch_size == 2 and result.steps == 8
+    assert result.mlflow_run_id == first.mlflow_run_id
+    # Four micro-batches of 2 sum the same gradient as two of 4, up to float rounding.
+    assert result.final_val_loss == pytest.approx(first.final_val_loss, abs=1e-4)
+
+
+def test_a_run_named_by_an_earlier_release_is_continued(finished, tmp_path, caplog):
+    config = copy_root(finished, tmp_path)
+    _, first = finished
+    legacy = layout.legacy_run_dir(config)
+    assert legacy != layout.run_dir(config)
+    shutil.move(storage.local_path(layout.run_dir(config)), storage.local_path(legacy))
+    for url in store.complete_checkpoints(legacy)[:-1]:
+        shutil.rmtree(storage.local_path(url))
+    result = train(config)
+    assert result.resumed_from_step == 4 and "named by an earlier release" in caplog.text
+    assert result.checkpoint.startswith(layout.run_dir(config))
+    assert result.final_val_loss == first.final_val_loss
+
+
+def test_a_new_run_names_a_sibling_with_the_same_model_and_data(finished, tmp_path, caplog):
+    config = copy_root(finished, tmp_path)
+    other = tiny_config(tmp_path / "root", **{"train.lr": 1e-3, "train.max_steps": 1})
+    train(other)
+    sibling = layout.run_name(config)
+    assert f"run {sibling} has the same model and data (step 8) and differs in train.lr" in caplog.text
