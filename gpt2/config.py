@@ -163,6 +163,11 @@ class RuntimeConfig(_Section):
     """Compile the model with torch.compile."""
     nproc_per_node: int = Field(1, ge=1)
     """Processes (GPUs) to train with; >1 runs torchrun."""
+    lease_ttl_s: float = Field(120.0, ge=1)
+    """A training run's lease (one trainer per run) goes stale this long after
+    its trainer last renewed it (every lease_ttl_s / 4); then another may take over."""
+    lease_wait_s: float = Field(0.0, ge=0)
+    """How long a trainer waits for a run held by another before refusing (0: refuse at once)."""
 
     @property
     def work_root(self) -> Path:

@@ -152,3 +152,8 @@ def mlflow_artifacts(config: Config) -> str:
     if url.split("://", 1)[0] in ("file", "gs", "s3"):
         return storage.join(url, "mlflow-artifacts")
     return (config.runtime.work_root / "mlflow-artifacts").as_uri()
+
+
+def lease_dir(run_dir_url: str) -> str:
+    """The run's lease generations (gpt2.checkpoint.lease)."""
+    return storage.join(run_dir_url, "lease")

@@ -141,6 +141,26 @@ def read_record(url: str) -> Any | None:
         return None
 
 
+def create_exclusive(url: str, data: bytes) -> None:
+    """Create `url` holding `data`, whole, only if nothing is there yet;
+    FileExistsError otherwise. Of two writers racing, exactly one wins:
+    locally a hard link of a finished temporary file (atomic, refuses an
+    existing name); elsewhere fsspec's exclusive create (GCS's
+    ifGenerationMatch=0, S3's If-None-Match, memory's check under the GIL)."""
+    local = local_path(url)
+    if local is not None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, local)
+        finally:
+            tmp.unlink()
+        return
+    fs, path = filesystem(url)
+    fs.pipe_file(path, data, mode="create")
+
+
 def put_file_atomic(local: str | Path, url: str) -> None:
     """Upload a local file to `url`; nothing appears under `url` until it is whole."""
     fs, path = filesystem(url)

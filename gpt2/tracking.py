@@ -133,13 +133,15 @@ class Tracker:
         `timeout` (or, with give_up_on_outage, once a fresh attempt failed)."""
         return self._outbox is None or self._outbox.flush(timeout, give_up_on_outage)
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str | None = "FINISHED") -> None:
         """End the run with `status` after a bounded final flush (one more
-        attempt when MLflow is down, at most close_timeout_s when it is slow)."""
+        attempt when MLflow is down, at most close_timeout_s when it is slow).
+        status None: stop sending but leave the run's status to its new owner."""
         if self._outbox is None:
             return
         self._stop_monitor()
-        self._queue(f"status {status}", lambda c: c.set_terminated(self.run_id, status=status))
+        if status is not None:
+            self._queue(f"status {status}", lambda c: c.set_terminated(self.run_id, status=status))
         sent = self._outbox.flush(self._close_timeout, give_up_on_outage=True)
         self._outbox.stop()
         if not sent:

@@ -24,6 +24,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -134,8 +135,12 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
 
 
 def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state: dict,
-                     state: dict, rng: dict) -> None:
-    """Write one checkpoint directory; it counts only once COMPLETE is written."""
+                     state: dict, rng: dict, fence: Callable[[], None] | None = None) -> None:
+    """Write one checkpoint directory; it counts only once COMPLETE is written.
+    `fence` (the run's lease check) runs first and again just before the
+    marker: a trainer that lost its run never commits a checkpoint."""
+    if fence is not None:
+        fence()
     storage.remove(url, recursive=True)  # leftovers of a killed write at this step
     blobs = {
         "model.safetensors": save_safetensors(tensors, metadata={"format": "pt"}),
@@ -147,6 +152,8 @@ def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state
     for name, data in blobs.items():
         storage.write_bytes_atomic(storage.join(url, name), data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    if fence is not None:
+        fence()
     storage.write_record(storage.join(url, MARKER), {"step": state["step"], "files": files})
 
 

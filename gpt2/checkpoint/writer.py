@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointWriter:
-    def __init__(self, run_dir: str, keep: int, last_url: str | None = None):
-        self.run_dir, self.keep, self.last_url = run_dir, keep, last_url
+    def __init__(self, run_dir: str, keep: int, last_url: str | None = None, fence=None):
+        """`fence`: called before anything is committed or pruned (the run's lease check)."""
+        self.run_dir, self.keep, self.last_url, self.fence = run_dir, keep, last_url, fence
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: tuple[Future, str] | None = None
 
@@ -37,7 +38,9 @@ class CheckpointWriter:
 
     def _write(self, url: str, tensors: dict, opt_state: dict, state: dict, rng: dict) -> None:
         t0 = now()
-        store.write_checkpoint(url, tensors, opt_state, state, rng)
+        store.write_checkpoint(url, tensors, opt_state, state, rng, fence=self.fence)
+        if self.fence is not None:
+            self.fence()
         store.prune(self.run_dir, self.keep, written_step=state["step"])
         log.info("checkpoint %s written in %.2fs", url, now() - t0)
 

@@ -114,10 +114,15 @@ def all_reduce(value: torch.Tensor, env: DistEnv, op: str = "avg") -> torch.Tens
 
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """True when `flag` is true on any rank, so every rank takes the same branch."""
+    return any_ranks([flag], env)[0]
+
+
+def any_ranks(flags: list[bool], env: DistEnv) -> list[bool]:
+    """`any_rank` for several flags in one collective."""
     if not env.is_distributed:
-        return flag
-    t = torch.tensor([int(flag)], device=env.device)
-    return bool(all_reduce(t, env, op="max").item())
+        return list(flags)
+    t = torch.tensor([int(f) for f in flags], device=env.device)
+    return [bool(v) for v in all_reduce(t, env, op="max").tolist()]
 
 
 def barrier(env: DistEnv) -> None:

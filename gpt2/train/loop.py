@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 
 from gpt2 import layout
+from gpt2.checkpoint.lease import LeaseLost
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
-from gpt2.train.distributed import all_reduce, any_rank, autocast
+from gpt2.train.distributed import all_reduce, any_rank, any_ranks, autocast
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.report import loss_curve_png, text_samples
@@ -58,7 +59,8 @@ class Loop:
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
         # Only rank 0 writes; the others keep no writer.
-        self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url) \
+        self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url,
+                                       fence=session.lease.check if session.lease else None) \
             if session.env.is_main else None
         self.saved_step = session.start_step
         self.throughput = Throughput()
@@ -79,13 +81,21 @@ class Loop:
         try:
             for step in range(self.s.start_step, self.cfg.train.max_steps):
                 done = self._step(step)
-                if any_rank(self.stop.requested, self.s.env):
+                lease = self.s.lease
+                stop, lost = any_ranks([self.stop.requested, lease is not None and lease.lost], self.s.env)
+                if lost:
+                    raise LeaseLost(f"another trainer took over {self.run_dir} during step {done}: "
+                                    "stopping without writing")
+                if stop:
                     if self.saved_step != done:
                         self._save(done)
                     preempted = True
                     break
             self._finish()
             status = "KILLED" if preempted else "FINISHED"
+        except LeaseLost:
+            status = None  # the MLflow run belongs to the new trainer now: leave its status alone
+            raise
         finally:
             try:  # whatever happened, the checkpoint being written is completed first
                 last = self._last_checkpoint(close=True)

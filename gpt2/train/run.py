@@ -14,7 +14,7 @@ from gpt2.train.distributed import distributed
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress
-from gpt2.train.session import TrainingError, open_session
+from gpt2.train.session import TrainingError, open_session, take_lease
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,13 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
     guard = SigtermGuard()
     with distributed(config.runtime.device) as env, guard.installed():
-        session = open_session(config, env, fresh)
-        loop = Loop(session, progress, parent_run_id, tags, stop=guard)
-        outcome = loop.run()
+        lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
+        try:
+            session = open_session(config, env, fresh, lease)
+            outcome = Loop(session, progress, parent_run_id, tags, stop=guard).run()
+        finally:
+            if lease is not None:
+                lease.release()
         if outcome.preempted:
             guard.hand_on()  # the checkpoint is written: an orchestrator's own handling may run now
             raise Preempted(f"stopped by SIGTERM after step {outcome.steps}; checkpoint {outcome.checkpoint}; "

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
+from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.config import Config
 from gpt2.data.loader import ShardSource, TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest
@@ -49,6 +50,8 @@ class Session:
     start_step: int = 0
     resumed_state: dict = field(default_factory=dict)
     resumed_url: str | None = None
+    lease: Lease | None = None
+    """This run's lease, held by rank 0 (gpt2.checkpoint.lease)."""
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -164,7 +167,27 @@ def _micro_batch(config: Config, model: torch.nn.Module, raw: GPT, seqs_per_rank
     return chosen
 
 
-def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
+def take_lease(config: Config, env: DistEnv, flow_run_id: str | None) -> Lease | None:
+    """Rank 0 takes the run's lease before touching its checkpoints (--fresh
+    included); a refusal stops every rank."""
+    lease, error = None, None
+    if env.is_main:
+        try:
+            lease = Lease(layout.lease_dir(layout.run_dir(config)), config.runtime.lease_ttl_s, flow_run_id)
+            lease.acquire(config.runtime.lease_wait_s)
+        except LeaseHeld as err:
+            error = err
+    if env.is_distributed:
+        box = [str(error) if error else None]
+        dist.broadcast_object_list(box, src=0)
+        error = error or (LeaseHeld(box[0]) if box[0] else None)
+    if error is not None:
+        raise error
+    return lease
+
+
+def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease | None = None) -> Session:
+    """Everything before the first step; `lease`: the run's, held by rank 0."""
     url = layout.manifest(config)
     manifest = load_manifest(url)
     seqs_per_rank = check_batch_shape(config, env.world_size)
@@ -199,4 +222,4 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False) -> Session:
     barrier(env)
     return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
                    start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},
-                   resumed_url=ckpt.url if ckpt else None)
+                   resumed_url=ckpt.url if ckpt else None, lease=lease)

@@ -1,0 +1,166 @@
+"""One trainer per run: a lease in the run directory that fences its writes.
+
+Two trainers on one run delete each other's checkpoints and log into the same
+MLflow run. It happens for real: a zombie false positive reschedules a run
+whose old pod still trains, a rerun starts while a deployment trains, a
+paused VM comes back. So a trainer first takes the run's lease:
+
+    <run>/lease/000001.json     {"holder": {host, pid, flow_run_id, started}, "renewed_at": …}
+    <run>/lease/000002.json     the next holder, once 000001 went stale
+
+Taking it creates the next generation's file with an exclusive create
+(`O_EXCL` locally, `ifGenerationMatch=0` on GCS, `If-None-Match` on S3:
+fsspec's `mode="create"`), so of two trainers racing for it exactly one wins.
+The generation is the fencing token: the holder renews its file every
+`ttl/4`, and before every checkpoint commit it checks that no later
+generation exists. A trainer that was paused past the lease's time and came
+back finds a later generation and stops without writing anything. A lease
+not renewed for `ttl` seconds is stale and may be taken over; a live one
+makes a second trainer refuse at once, naming the holder (or wait for it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from gpt2 import storage
+from gpt2.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class LeaseHeld(UserError):
+    """Another trainer holds this run; the message names it."""
+
+
+class LeaseLost(UserError):
+    """A later trainer took this run over; this one must not write."""
+
+
+def _holder(flow_run_id: str | None) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "flow_run_id": flow_run_id,
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def describe(record: dict, now: float) -> str:
+    h = record.get("holder", {})
+    age = now - float(record.get("renewed_at", 0))
+    return (f"host {h.get('host')}, pid {h.get('pid')}, flow run {h.get('flow_run_id') or '(none)'}, "
+            f"started {h.get('started')}, last renewed {age:.0f} s ago")
+
+
+@dataclass
+class Lease:
+    directory: str
+    """<run>/lease"""
+    ttl_s: float
+    flow_run_id: str | None = None
+    generation: int = 0
+    lost: bool = False
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    # --- taking it ---------------------------------------------------------
+
+    def _generations(self) -> list[int]:
+        return sorted(int(n[:-5]) for n in storage.list_dir(self.directory) if n.endswith(".json") and n[:-5].isdigit())
+
+    def _url(self, generation: int) -> str:
+        return storage.join(self.directory, f"{generation:06d}.json")
+
+    def _record(self, renewed_at: float) -> bytes:
+        return json.dumps({"holder": _holder(self.flow_run_id), "generation": self.generation,
+                           "renewed_at": renewed_at, "ttl_s": self.ttl_s}).encode()
+
+    def current(self) -> tuple[int, dict | None]:
+        """The newest generation and its record (None: no lease, or a torn one)."""
+        gens = self._generations()
+        if not gens:
+            return 0, None
+        return gens[-1], storage.read_record(self._url(gens[-1]))
+
+    def try_acquire(self) -> str | None:
+        """Take the lease if it is free or stale; else the holder's description."""
+        now = time.time()
+        gen, record = self.current()
+        if record is not None and now - float(record.get("renewed_at", 0)) < float(record.get("ttl_s", self.ttl_s)):
+            return describe(record, now)
+        if gen and record is not None:
+            log.warning("taking over the stale lease of %s (%s)", self.directory, describe(record, now))
+        self.generation = gen + 1
+        try:
+            storage.create_exclusive(self._url(self.generation), self._record(now))
+        except FileExistsError:
+            _, winner = self.current()
+            return describe(winner, time.time()) if winner else "another trainer (it took the lease just now)"
+        return None
+
+    def acquire(self, wait_s: float = 0.0, poll_s: float = 5.0) -> "Lease":
+        """Take the lease, waiting up to `wait_s` for a live holder to let go or
+        go stale; raise LeaseHeld naming the holder otherwise."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            holder = self.try_acquire()
+            if holder is None:
+                log.info("lease %s generation %d taken", self.directory, self.generation)
+                self._start_renewing()
+                return self
+            if time.monotonic() >= deadline:
+                raise LeaseHeld(
+                    f"another trainer holds this run ({holder}); it stays held while that trainer renews it "
+                    f"and goes stale {self.ttl_s:.0f} s after it stops. Stop that trainer, or wait for it "
+                    f"(runtime.lease_wait_s); the lease is {self.directory}")
+            log.info("run held by %s; waiting", holder)
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())) or poll_s)
+
+    # --- keeping it --------------------------------------------------------
+
+    def check(self) -> None:
+        """Fencing: raise LeaseLost unless this is still the newest generation."""
+        if self.lost:
+            raise LeaseLost(self._lost_message())
+        gens = self._generations()
+        if gens and gens[-1] != self.generation:
+            self.lost = True
+            raise LeaseLost(self._lost_message())
+
+    def _lost_message(self) -> str:
+        return (f"the lease of {self.directory} passed to a later trainer (this one held generation "
+                f"{self.generation}): stopping without writing; the other trainer continues the run")
+
+    def renew(self) -> None:
+        self.check()
+        storage.write_bytes_atomic(self._url(self.generation), self._record(time.time()))
+
+    def _start_renewing(self) -> None:
+        self._thread = threading.Thread(target=self._renew_loop, name="lease-renewal", daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                self.renew()
+            except LeaseLost as err:
+                log.error("%s", err)
+                return
+            except Exception as err:  # noqa: BLE001 - any storage failure: keep trying while the lease lasts
+                log.warning("could not renew the lease %s: %s", self.directory, err)
+
+    def release(self) -> None:
+        """Stop renewing and let go (the file stays, marked free, as the history of holders)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if not self.lost:
+            try:
+                self.check()
+                storage.write_bytes_atomic(self._url(self.generation), self._record(0.0))
+            except Exception as err:  # noqa: BLE001 - a lease left behind goes stale by itself
+                log.warning("could not release the lease %s: %s", self.directory, err)

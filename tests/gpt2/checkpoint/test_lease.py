@@ -1,0 +1,115 @@
+"""One trainer per run: the lease, its fencing, and two real trainers at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from gpt2 import layout, storage
+from gpt2.checkpoint import store
+from gpt2.checkpoint.lease import Lease, LeaseHeld, LeaseLost
+from gpt2.tracking import default_tracking_uri
+from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.test_train_process import finish, launch, wait_for
+
+
+@pytest.fixture(params=["file", "memory"])
+def lease_dir(request, tmp_path):
+    if request.param == "file":
+        yield storage.normalize_url(str(tmp_path / "run" / "lease"))
+        return
+    url = f"memory://lease-test-{time.monotonic_ns()}/run/lease"
+    yield url
+    storage.remove(url.rsplit("/run/", 1)[0], recursive=True)
+
+
+def test_a_second_trainer_is_refused_naming_the_holder(lease_dir):
+    first = Lease(lease_dir, ttl_s=60, flow_run_id="run-a").acquire()
+    with pytest.raises(LeaseHeld) as err:
+        Lease(lease_dir, ttl_s=60, flow_run_id="run-b").acquire()
+    assert f"pid {os.getpid()}" in str(err.value) and "flow run run-a" in str(err.value)
+    first.release()  # let go: the next trainer takes it at once, as the next generation
+    second = Lease(lease_dir, ttl_s=60).acquire()
+    assert (first.generation, second.generation) == (1, 2)
+    with pytest.raises(LeaseLost):
+        first.check()
+    second.release()
+
+
+def test_of_trainers_racing_for_a_free_run_exactly_one_wins(lease_dir):
+    results, start = [], threading.Barrier(8)
+
+    def contender():
+        lease = Lease(lease_dir, ttl_s=60)
+        start.wait()
+        results.append((lease.try_acquire() is None, lease))
+
+    threads = [threading.Thread(target=contender) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [lease for won, lease in results if won]
+    assert len(winners) == 1
+    winners[0].check()  # the winner holds the newest generation
+
+
+def test_a_stale_lease_is_taken_over_and_its_old_holder_is_fenced(lease_dir):
+    old = Lease(lease_dir, ttl_s=0.4).acquire()
+    old._stop.set()  # paused: it no longer renews
+    time.sleep(0.5)
+    new = Lease(lease_dir, ttl_s=0.4).acquire()
+    assert new.generation == old.generation + 1
+    with pytest.raises(LeaseLost, match="passed to a later trainer"):
+        old.check()
+    new.release()
+
+
+def test_waiting_for_a_holder_that_lets_go(lease_dir):
+    first = Lease(lease_dir, ttl_s=60).acquire()
+    threading.Timer(0.5, first.release).start()
+    second = Lease(lease_dir, ttl_s=60).acquire(wait_s=30, poll_s=0.1)
+    assert second.generation == 2
+    second.release()
+
+
+def _steps_logged(config) -> list[int]:
+    client = MlflowClient(default_tracking_uri(config))
+    run_id = storage.read_json(storage.join(store.latest_checkpoint(config), "state.json"))["mlflow_run_id"]
+    return [m.step for m in client.get_metric_history(run_id, "train/loss")]
+
+
+def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
+    config = tiny_config(tmp_path, **{"train.max_steps": 40, "train.checkpoint_every": 4})
+    write_dataset(config)
+    first, lines = launch(config, tmp_path), []
+    wait_for(first, "step 2/40", lines)
+    second, second_lines = launch(config, tmp_path), []
+    assert finish(second, second_lines, timeout=120) == 1
+    assert any(f"pid {first.pid}" in line and "another trainer holds this run" in line for line in second_lines)
+    assert finish(first, lines) == 0, "".join(lines[-20:])
+    steps = _steps_logged(config)
+    assert sorted(steps) == list(range(1, 41))  # every step once: nobody logged twice
+
+
+def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
+    config = tiny_config(tmp_path, **{"train.max_steps": 40, "train.checkpoint_every": 4, "runtime.lease_ttl_s": 1})
+    write_dataset(config)
+    paused, paused_lines = launch(config, tmp_path), []
+    wait_for(paused, "step 5/40", paused_lines)
+    os.kill(paused.pid, signal.SIGSTOP)  # a VM that freezes
+    time.sleep(1.5)  # ... past the lease's time
+    taker, taker_lines = launch(config, tmp_path), []
+    wait_for(taker, "step 10/40", taker_lines)  # it resumed the run and trains on
+    os.kill(paused.pid, signal.SIGCONT)  # the VM comes back
+    assert finish(paused, paused_lines, timeout=120) == 1
+    assert any("passed to a later trainer" in line or "took over" in line for line in paused_lines)
+    assert finish(taker, taker_lines) == 0, "".join(taker_lines[-20:])
+    assert store.latest_checkpoint(config).endswith("step_000040")
+    assert any("taking over the stale lease" in line for line in taker_lines)
+    assert [g for g in storage.list_dir(layout.lease_dir(layout.run_dir(config)))] == ["000001.json", "000002.json"]
