@@ -74,6 +74,17 @@ def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_ru
     return cmd
 
 
+def _terminate_with_parent() -> None:
+    """In the torchrun child, before exec: SIGTERM it when we die (Linux), so
+    torchrun never outlives its flow-run process, even one that was SIGKILLed:
+    the workers then checkpoint and exit instead of training on unowned."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def torchrun_train(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
                    parent_run_id: str | None = None, tags: dict | None = None) -> TrainResult:
     """`train` in `runtime.nproc_per_node` worker processes under torchrun."""
@@ -84,7 +95,8 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
         cmd = torchrun_command(config_path, status.path, config.runtime.nproc_per_node, parent_run_id, tags)
         emit("starting: " + " ".join(cmd))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                preexec_fn=_terminate_with_parent)
         tail: deque[str] = deque(maxlen=40)
         last: dict = {}
         # A SIGTERM to us (preemption) goes to torchrun, which passes it to the

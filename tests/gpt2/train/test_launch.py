@@ -84,3 +84,42 @@ def test_torchrun_sigterm_outcome_is_preempted_and_a_training_error_is_named(tmp
     with pytest.raises(TrainingError, match="micro_batch_size=3"):
         torchrun_train(bad, log_line=lambda line: None)
     assert time.monotonic() - t0 < 120
+
+
+PARENT = """
+import json, sys
+from gpt2.config import Config
+from gpt2.train.launch import torchrun_train
+config = Config.model_validate(json.load(open(sys.argv[1])))
+torchrun_train(config, progress=lambda info: print("step", info.step, flush=True), log_line=lambda line: None)
+"""
+
+
+def test_torchrun_does_not_outlive_a_killed_parent(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tests.gpt2.train.fixtures import write_run_json
+
+    config = _two_processes(tmp_path, **{"train.max_steps": 100_000, "train.checkpoint_every": 100_000})
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    repo = Path(__file__).resolve().parents[3]
+    parent = subprocess.Popen([sys.executable, str(script), str(write_run_json(config, tmp_path / "run.json"))],
+                              cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.PIPE, text=True)
+    for line in parent.stdout:
+        if line.startswith("step 2"):
+            break
+    children = psutil.Process(parent.pid).children(recursive=True)
+    assert children, "torchrun was not started"
+    parent.kill()  # SIGKILL: no handler of ours runs
+    parent.wait()
+    gone, alive = psutil.wait_procs(children, timeout=120)
+    assert alive == [], [p.cmdline() for p in alive]
+    # torchrun passed the SIGTERM on: the workers wrote a checkpoint before
+    # exiting, long before the end of the run (orphaned, they would train on).
+    latest = store.latest_checkpoint(config)
+    assert latest is not None and not latest.endswith("step_100000")
