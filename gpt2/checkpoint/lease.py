@@ -49,6 +49,21 @@ def _holder(flow_run_id: str | None) -> dict:
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
+def _dead_here(record: dict) -> bool:
+    """The holder ran on this machine and its process is gone (a SIGKILL, an
+    OOM kill): its lease is void at once, no need to wait for it to go stale."""
+    h = record.get("holder", {})
+    if h.get("host") != socket.gethostname() or not isinstance(h.get("pid"), int):
+        return False
+    try:
+        os.kill(h["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
 def describe(record: dict, now: float) -> str:
     h = record.get("holder", {})
     age = now - float(record.get("renewed_at", 0))
@@ -86,11 +101,15 @@ class Lease:
             return 0, None
         return gens[-1], storage.read_record(self._url(gens[-1]))
 
+    def _live(self, record: dict | None, now: float) -> bool:
+        return (record is not None and not _dead_here(record)
+                and now - float(record.get("renewed_at", 0)) < float(record.get("ttl_s", self.ttl_s)))
+
     def try_acquire(self) -> str | None:
         """Take the lease if it is free or stale; else the holder's description."""
         now = time.time()
         gen, record = self.current()
-        if record is not None and now - float(record.get("renewed_at", 0)) < float(record.get("ttl_s", self.ttl_s)):
+        if self._live(record, now):
             return describe(record, now)
         if gen and record is not None:
             log.warning("taking over the stale lease of %s (%s)", self.directory, describe(record, now))
@@ -104,7 +123,16 @@ class Lease:
 
     def acquire(self, wait_s: float = 0.0, poll_s: float = 5.0) -> "Lease":
         """Take the lease, waiting up to `wait_s` for a live holder to let go or
-        go stale; raise LeaseHeld naming the holder otherwise."""
+        go stale; raise LeaseHeld naming the holder otherwise. A holder of the
+        same flow run is this run's own earlier attempt (a rescheduled run on a
+        new machine after a preemption without notice): it is waited for until
+        its lease goes stale."""
+        _, record = self.current()
+        same_run = bool(record and self.flow_run_id and record.get("holder", {}).get("flow_run_id") == self.flow_run_id)
+        if same_run and self._live(record, time.time()):
+            wait_s = max(wait_s, 2 * float(record.get("ttl_s", self.ttl_s)))
+            log.info("this flow run's earlier attempt still holds %s; waiting up to %.0f s for it to go stale",
+                     self.directory, wait_s)
         deadline = time.monotonic() + wait_s
         while True:
             holder = self.try_acquire()

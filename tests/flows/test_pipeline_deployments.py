@@ -7,11 +7,17 @@ up` (Prefect server, MLflow server, a cpu and a gpu process worker), then
    SIGKILLed mid-training: the automation reschedules it, it resumes from its
    checkpoint, the parent waits and completes, MLflow has one training run
    whose steps continue, plus evaluation, export and a registered model version;
-3. a repeat of the first run completes with every data task Cached.
+3. the same with SIGTERM (a spot reclaim with notice): the trainer checkpoints,
+   the run ends Crashed (never Failed), is rescheduled and resumes from the
+   SIGTERM checkpoint; and through `prefect flow-run execute` with
+   PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule (what a Kubernetes
+   pod runs), the run goes back to Scheduled and resumes;
+4. a repeat of the first run completes with every data task Cached.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -182,6 +188,98 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
         assert len(found[stage]) == 1 and found[stage][0].data.tags.get("stage") == stage
     versions = mlflow.search_model_versions(f"name = '{config.export.registered_model}'")
     assert any(v.run_id == found["export"][0].info.run_id for v in versions)
+
+
+def _checkpoint_step(config) -> int | None:
+    from gpt2.checkpoint import store
+
+    latest = store.latest_checkpoint(config)
+    return int(latest.rsplit("_", 1)[1]) if latest else None
+
+
+def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
+    from flows.stages import results_url
+    from gpt2 import storage
+    from gpt2.overrides import resolve_config
+
+    # Only SIGTERM and the end write a checkpoint: the resume point proves which one.
+    params = overrides(stack, **{"train.lr": 2e-3, "train.checkpoint_every": 1000})
+    config = resolve_config("smoke", params)
+    parent_id = deployment_run(stack, params)
+    train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
+    proc = _training_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    run_dir = storage.local_path(layout_run_dir(config))
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while not (run_dir / "lease").exists():  # training has started (its lease is taken)
+        assert time.monotonic() < deadline and proc.is_running(), "training never started"
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    stopped_at = _checkpoint_step(config)
+    assert stopped_at is not None and stopped_at < config.train.max_steps, "no SIGTERM checkpoint"
+
+    parent = wait_final(stack, parent_id)
+    assert_completed(stack, parent, "the pipeline after a SIGTERM")
+    with client(stack) as c:
+        train = c.read_flow_run(train.id)
+        history = [s.name for s in c.read_flow_run_states(train.id)]
+    assert_completed(stack, train, "the training run")
+    assert train.run_count >= 2 and "Crashed" in history and "Failed" not in history, history
+    result = storage.read_json(results_url(config, str(train.id)))
+    assert result["resumed_from_step"] == stopped_at
+
+
+def test_sigterm_under_flow_run_execute_reschedules(stack):
+    """What the Kubernetes worker runs as the pod's PID 1, here by hand."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Scheduled
+
+    from gpt2 import storage
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 4e-3, "train.checkpoint_every": 1000})
+    config = resolve_config("smoke", params)
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+    with client(stack) as c:
+        dep = c.read_deployment_by_name("gpt2-train/train")
+        run = c.create_flow_run_from_deployment(dep.id, parameters={"preset": "smoke", "overrides": params},
+                                                state=Scheduled(scheduled_time=later))  # no worker takes it
+    env = {**stack["env"], "PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR": "reschedule"}
+
+    def execute() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "prefect", "flow-run", "execute", str(run.id)], env=env,
+                                cwd=stack["base"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    pod = execute()
+    lease = storage.local_path(layout_run_dir(config)) / "lease"
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while not lease.exists():
+        assert time.monotonic() < deadline and pod.poll() is None, pod.stdout.read() if pod.poll() is not None else ""
+        time.sleep(0.2)
+    time.sleep(2)
+    pod.send_signal(signal.SIGTERM)  # the kubelet's notice
+    out, _ = pod.communicate(timeout=180)
+    stopped_at = _checkpoint_step(config)
+    assert stopped_at is not None and stopped_at < config.train.max_steps, out[-3000:]
+    with client(stack) as c:
+        state = c.read_flow_run(run.id).state
+    assert state.type == StateType.SCHEDULED and state.name == "AwaitingRetry", f"{state.name}: {out[-3000:]}"
+
+    pod = execute()  # the rescheduled pod
+    out, _ = pod.communicate(timeout=PIPELINE_TIMEOUT_S)
+    with client(stack) as c:
+        final = c.read_flow_run(run.id)
+    assert_completed(stack, final, "the re-executed training run")
+    from flows.stages import results_url
+
+    assert storage.read_json(results_url(config, str(run.id)))["resumed_from_step"] == stopped_at, out[-3000:]
+
+
+def layout_run_dir(config) -> str:
+    from gpt2 import layout
+
+    return layout.run_dir(config)
 
 
 def test_repeat_of_the_first_run_finds_every_data_task_cached(stack):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -113,3 +114,29 @@ def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
     assert store.latest_checkpoint(config).endswith("step_000040")
     assert any("taking over the stale lease" in line for line in taker_lines)
     assert [g for g in storage.list_dir(layout.lease_dir(layout.run_dir(config)))] == ["000001.json", "000002.json"]
+
+
+def test_a_holder_that_died_on_this_machine_is_not_waited_for(lease_dir, tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lease = Lease(lease_dir, ttl_s=3600)
+    lease.generation = 1
+    record = json.loads(lease._record(time.time()))
+    record["holder"]["pid"] = int(dead.stdout)  # fresh, but its process is gone (SIGKILL, OOM kill)
+    storage.create_exclusive(lease._url(1), json.dumps(record).encode())
+    taker = Lease(lease_dir, ttl_s=3600).acquire()
+    assert taker.generation == 2
+    taker.release()
+
+
+def test_the_same_flow_run_waits_for_its_own_earlier_attempt(lease_dir):
+    earlier = Lease(lease_dir, ttl_s=0.6, flow_run_id="run-1").acquire()
+    earlier._stop.set()  # its machine went away without notice: no more renewals
+    t0 = time.monotonic()
+    again = Lease(lease_dir, ttl_s=0.6, flow_run_id="run-1").acquire(poll_s=0.1)  # no wait_s given
+    assert again.generation == 2 and time.monotonic() - t0 < 30
+    with pytest.raises(LeaseHeld):  # another flow run is refused at once
+        Lease(lease_dir, ttl_s=0.6, flow_run_id="run-2").acquire()
+    again.release()
