@@ -23,7 +23,7 @@ from flows.data import data_flow
 from flows.entry import flow_main
 from flows.evaluate import eval_flow
 from flows.export import export_flow
-from flows.stages import run_stage_deployment
+from flows.stages import run_stage_deployment, stage_overrides
 from flows.train import train_flow
 from gpt2 import layout, storage
 from gpt2.config import Config
@@ -54,7 +54,8 @@ def parent_tracker(config: Config, preset: str) -> Tracker:
 
 def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id: str | None) -> dict[str, Any]:
     if deployment.id:  # on the work pools: each stage as its own deployment
-        stage_params = {**params, "parent_run_id": parent_run_id}
+        stage_params = {**params, "overrides": stage_overrides(config, params["overrides"]),
+                        "parent_run_id": parent_run_id}
         return run_stage_deployment(stage, config, stage_params, parent_key=str(flow_run.id))
     local = {"data": data_flow, "train": train_flow, "evaluate": eval_flow, "export": export_flow}[stage]
     return local(**params, parent_run_id=parent_run_id)

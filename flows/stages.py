@@ -21,6 +21,8 @@ from prefect.deployments import run_deployment
 
 from gpt2 import layout, storage
 from gpt2.config import Config
+from gpt2.errors import UserError
+from gpt2.tracking import default_tracking_uri
 
 # Stage name -> deployment (prefect.yaml is the single source of these).
 DEPLOYMENTS = {
@@ -31,6 +33,27 @@ DEPLOYMENTS = {
 }
 RESCHEDULE_GRACE_S = 120.0
 """How long a Crashed child may take to be rescheduled by the automation."""
+
+
+class TrackingNotShared(UserError):
+    """Stages on other machines would each log to a store of their own."""
+
+
+def stage_overrides(config: Config, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides a stage deployment gets: the parent's, with the artifact
+    root and the MLflow store pinned as the parent resolved them. A job pod
+    sees none of the environment the parent's worker had ($GPT2_ROOT,
+    $MLFLOW_TRACKING_URI), so nothing may be left to it."""
+    pinned = {**overrides, "runtime.root": layout.root(config)}
+    if config.tracking.enabled:
+        pinned["tracking.uri"] = default_tracking_uri(config)
+        if layout.local_root(config) is None and pinned["tracking.uri"].startswith("sqlite:"):
+            raise TrackingNotShared(
+                f"the artifact root {layout.root(config)} is remote, so the stages run on other machines, but "
+                f"MLflow would log to {pinned['tracking.uri']} on each of them (lost with the machine): set "
+                "tracking.uri (or $MLFLOW_TRACKING_URI where the pipeline starts) to an MLflow server, "
+                "or tracking.enabled=false")
+    return pinned
 
 
 class StageFailed(RuntimeError):

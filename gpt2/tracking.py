@@ -29,6 +29,9 @@ from gpt2.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
+# The MLflow 3 UI opens an experiment on the view its kind names; without
+# the tag it guesses, and shows the GenAI overview instead of the runs.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_CHARS = 6000
@@ -202,9 +205,12 @@ class Tracker:
     def _experiment_id(self, client: Any) -> str:
         exp = client.get_experiment_by_name(self._experiment)
         if exp is not None:
+            if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an earlier release, or by hand
+                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
         try:
-            return client.create_experiment(self._experiment, artifact_location=self._artifacts)
+            return client.create_experiment(self._experiment, artifact_location=self._artifacts,
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:  # noqa: BLE001 - another process created it first
             exp = client.get_experiment_by_name(self._experiment)
             if exp is None:

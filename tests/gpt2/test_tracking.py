@@ -87,3 +87,11 @@ def test_disabled_tracker_does_nothing(tmp_path):
         t.log_params({"a": 1})
         assert t.flush(timeout=0.1)
     assert t.run_id is None and not (tmp_path / "mlflow.db").exists()
+
+
+def test_the_experiment_opens_on_its_training_runs(tmp_path):
+    config = tiny_config(tmp_path)
+    with Tracker(config, "run-k"):
+        pass
+    exp = MlflowClient(default_tracking_uri(config)).get_experiment_by_name(config.tracking.experiment)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"

@@ -1,0 +1,29 @@
+"""Stage deployments get the root and the MLflow store from the parent, never from a pod's environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.stages import TrackingNotShared, stage_overrides
+from gpt2.overrides import resolve_config
+
+
+def test_root_and_tracking_are_pinned_as_the_parent_resolved_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = resolve_config("smoke", {"train.max_steps": 3}, root=str(tmp_path / "root"))
+    pinned = stage_overrides(config, {"train.max_steps": 3})
+    assert pinned == {"train.max_steps": 3, "runtime.root": f"file://{tmp_path}/root",
+                      "tracking.uri": f"sqlite:///{tmp_path}/root/mlflow.db"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.internal:5000")  # set where the pipeline starts
+    assert stage_overrides(config, {})["tracking.uri"] == "http://mlflow.internal:5000"
+
+
+def test_a_remote_root_with_a_local_store_fails_at_once(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = resolve_config("smoke", {}, root="gs://bucket/gpt2")
+    with pytest.raises(TrackingNotShared, match="gs://bucket/gpt2 is remote.*set tracking.uri"):
+        stage_overrides(config, {})
+    server = resolve_config("smoke", {"tracking.uri": "http://mlflow:5000"}, root="gs://bucket/gpt2")
+    assert stage_overrides(server, {})["tracking.uri"] == "http://mlflow:5000"
+    off = resolve_config("smoke", {"tracking.enabled": False}, root="gs://bucket/gpt2")
+    assert "tracking.uri" not in stage_overrides(off, {})
