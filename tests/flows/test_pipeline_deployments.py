@@ -141,6 +141,18 @@ def _wait_checkpoint(config, proc: psutil.Process, timeout: float) -> int:
     raise AssertionError("no checkpoint written")
 
 
+def pipeline_completed(stack, parent_id: str, train_id, what: str):
+    """Wait for the parent; both it and its training run completed. Returns
+    the training run and the names of the states it went through."""
+    parent = wait_final(stack, parent_id)
+    assert_completed(stack, parent, f"the pipeline {what}")
+    with client(stack) as c:
+        train = c.read_flow_run(train_id)
+        history = [s.name for s in c.read_flow_run_states(train_id)]
+    assert_completed(stack, train, "the training run")
+    return train, history
+
+
 def test_killed_training_is_rescheduled_and_resumes(stack):
     from mlflow import MlflowClient
 
@@ -156,12 +168,7 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     assert killed_after < config.train.max_steps
     os.kill(proc.pid, signal.SIGKILL)
 
-    parent = wait_final(stack, parent_id)
-    assert_completed(stack, parent, "the pipeline after a killed training run")
-    with client(stack) as c:
-        train = c.read_flow_run(train.id)
-        history = [s.name for s in c.read_flow_run_states(train.id)]
-    assert_completed(stack, train, "the training run")
+    train, history = pipeline_completed(stack, parent_id, train.id, "after a killed training run")
     assert train.run_count == 2 and "Crashed" in history and "AwaitingRetry" in history, history
     from gpt2 import storage
 
@@ -219,12 +226,7 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
     stopped_at = _checkpoint_step(config)
     assert stopped_at is not None and stopped_at < config.train.max_steps, "no SIGTERM checkpoint"
 
-    parent = wait_final(stack, parent_id)
-    assert_completed(stack, parent, "the pipeline after a SIGTERM")
-    with client(stack) as c:
-        train = c.read_flow_run(train.id)
-        history = [s.name for s in c.read_flow_run_states(train.id)]
-    assert_completed(stack, train, "the training run")
+    train, history = pipeline_completed(stack, parent_id, train.id, "after a SIGTERM")
     assert train.run_count >= 2 and "Crashed" in history and "Failed" not in history, history
     result = storage.read_json(results_url(config, str(train.id)))
     assert result["resumed_from_step"] == stopped_at
