@@ -80,19 +80,36 @@ def _read(run_id) -> FlowRun:
         return client.read_flow_run(run_id)
 
 
-def _wait_final(run_id, poll_s: float = 5.0) -> FlowRun:
+WAITING_STATES = (StateType.SCHEDULED, StateType.PENDING)
+
+
+def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0) -> FlowRun:
+    """The run once it is final. A run that waits to start (Scheduled, Pending;
+    a rescheduled one too) longer than `start_timeout_s` raises StageFailed
+    saying what is missing, instead of keeping the parent waiting forever."""
     # prefect.flow_runs.wait_for_flow_run is async-only; this flow is sync.
+    waiting_since = None
     while True:
         run = _read(run_id)
         if run.state is not None and run.state.is_final():
             return run
+        if run.state is not None and run.state.type in WAITING_STATES:
+            waiting_since = waiting_since or time.monotonic()
+            if time.monotonic() - waiting_since > start_timeout_s:
+                raise StageFailed(
+                    f"flow run {run.name} has waited {start_timeout_s:.0f} s in {run.state.name} without starting: "
+                    f"is a worker polling work pool {run.work_pool_name or '(none)'}, and can it get a machine "
+                    "(GPU quota, spot capacity)? Start one (`prefect worker start --pool "
+                    f"{run.work_pool_name or 'POOL'}`) or allow longer with runtime.stage_start_timeout_s")
+        else:
+            waiting_since = None
         time.sleep(poll_s)
 
 
-def _settled(run_id, grace_s: float) -> FlowRun:
+def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf")) -> FlowRun:
     """Wait for a final state that no automation is about to change."""
     while True:
-        run = _wait_final(run_id)
+        run = _wait_final(run_id, start_timeout_s)
         if run.state.type != StateType.CRASHED:
             return run
         deadline = time.monotonic() + grace_s
@@ -114,7 +131,7 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
     child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
     logger.info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
-    run = _settled(child.id, grace_s)
+    run = _settled(child.id, grace_s, config.runtime.stage_start_timeout_s)
     if run.state is None or run.state.type != StateType.COMPLETED:
         state = run.state.name if run.state else "unknown"
         message = run.state.message if run.state else ""

@@ -166,6 +166,9 @@ class RuntimeConfig(_Section):
     lease_ttl_s: float = Field(120.0, ge=1)
     """A training run's lease (one trainer per run) goes stale this long after
     its trainer last renewed it (every lease_ttl_s / 4); then another may take over."""
+    stage_start_timeout_s: float = Field(3600.0, gt=0)
+    """A stage deployment run that waits this long to start (no worker on its
+    pool, no GPU capacity) fails the pipeline with a message saying so."""
     lease_wait_s: float = Field(0.0, ge=0)
     """How long a trainer waits for a run held by another before refusing (0: refuse at once)."""
 

@@ -197,6 +197,12 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     assert any(v.run_id == found["export"][0].info.run_id for v in versions)
 
 
+# Long enough that a SIGTERM lands mid-training; only SIGTERM and the end
+# write a checkpoint, so the resume point proves which one.
+LONG_RUN = {"train.max_steps": 600, "train.checkpoint_every": 10_000, "train.eval_every": 10_000,
+            "train.sample_every": 10_000}
+
+
 def _checkpoint_step(config) -> int | None:
     from gpt2.checkpoint import store
 
@@ -209,8 +215,7 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
     from gpt2 import storage
     from gpt2.overrides import resolve_config
 
-    # Only SIGTERM and the end write a checkpoint: the resume point proves which one.
-    params = overrides(stack, **{"train.lr": 2e-3, "train.checkpoint_every": 1000})
+    params = overrides(stack, **{"train.lr": 2e-3, **LONG_RUN})
     config = resolve_config("smoke", params)
     parent_id = deployment_run(stack, params)
     train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
@@ -220,7 +225,7 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
     while not (run_dir / "lease").exists():  # training has started (its lease is taken)
         assert time.monotonic() < deadline and proc.is_running(), "training never started"
         time.sleep(0.2)
-    time.sleep(2)
+    time.sleep(1)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     stopped_at = _checkpoint_step(config)
@@ -240,7 +245,7 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
     from gpt2 import storage
     from gpt2.overrides import resolve_config
 
-    params = overrides(stack, **{"train.lr": 4e-3, "train.checkpoint_every": 1000})
+    params = overrides(stack, **{"train.lr": 4e-3, **LONG_RUN})
     config = resolve_config("smoke", params)
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
     with client(stack) as c:
@@ -259,7 +264,7 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
     while not lease.exists():
         assert time.monotonic() < deadline and pod.poll() is None, pod.stdout.read() if pod.poll() is not None else ""
         time.sleep(0.2)
-    time.sleep(2)
+    time.sleep(1)
     pod.send_signal(signal.SIGTERM)  # the kubelet's notice
     out, _ = pod.communicate(timeout=180)
     stopped_at = _checkpoint_step(config)

@@ -1,4 +1,4 @@
-"""Stage deployments get the root and the MLflow store from the parent, never from a pod's environment."""
+"""Stage deployments: root and MLflow store pinned by the parent, never a pod's environment; a stage that never starts fails the parent."""
 
 from __future__ import annotations
 
@@ -27,3 +27,20 @@ def test_a_remote_root_with_a_local_store_fails_at_once(monkeypatch):
     assert stage_overrides(server, {})["tracking.uri"] == "http://mlflow:5000"
     off = resolve_config("smoke", {"tracking.enabled": False}, root="gs://bucket/gpt2")
     assert "tracking.uri" not in stage_overrides(off, {})
+
+
+def test_a_stage_that_never_starts_fails_the_parent_saying_what_is_missing(prefect_server):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    from flows.stages import StageFailed, _wait_final
+
+    @flow(name="never-picked-up")
+    def nobody_runs_me() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(nobody_runs_me, state=Scheduled())  # no worker will ever take it
+    with pytest.raises(StageFailed, match="waited 1 s in Scheduled without starting.*prefect worker start"):
+        _wait_final(run.id, start_timeout_s=1, poll_s=0.2)
