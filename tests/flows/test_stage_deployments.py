@@ -1,4 +1,5 @@
-"""Stage deployments: root and MLflow store pinned by the parent, never a pod's environment; a stage that never starts fails the parent."""
+"""Stage deployments: root and MLflow store pinned by the parent, never a pod's environment;
+a stage that never starts fails the parent."""
 
 from __future__ import annotations
 
