@@ -71,11 +71,12 @@ def test_cap_is_a_setting():
         deployment_file.automations(-1)
 
 
-def test_zombie_watch_covers_heartbeats_of_gpu_runs_only():
+def test_zombie_watch_covers_heartbeats_of_gpu_runs_and_the_parent_only():
     trigger = _trigger(ZOMBIE)
     assert trigger.posture == "Proactive" and trigger.for_each == {"prefect.resource.id"}
     assert trigger.starts_after("prefect.flow-run.heartbeat")
     assert trigger.covers(_event("prefect.flow-run.heartbeat", None))
+    assert trigger.covers(_event("prefect.flow-run.heartbeat", None, tags=("gpt2", "pipeline", "preemptible")))
     assert not trigger.covers(_event("prefect.flow-run.heartbeat", None, tags=("gpt2",)))
     assert trigger.expects("prefect.flow-run.Completed") and trigger.expects("prefect.flow-run.AwaitingRetry")
     # Three missed beats at the heartbeat period the GPU pools set.

@@ -85,8 +85,12 @@ def test_pools_and_tags(name, spec, flow):
     tags = set(spec.get("tags") or [])
     if gpu:  # selected by the reschedule and zombie automations
         assert {"gpu", "preemptible"} <= tags
+    elif name == "gpt2/full-pipeline":  # the parent: watched and rescheduled, with 30 s heartbeats
+        assert {"pipeline", "preemptible"} <= tags and "gpu" not in tags
+        env = spec["work_pool"]["job_variables"]["env"]
+        assert env[deployment_file.HEARTBEAT_ENV] == str(deployment_file.GPU_HEARTBEAT_S)
     else:
-        assert not tags & {"gpu", "preemptible"}
+        assert not tags & {"gpu", "preemptible", "pipeline"}
 
 
 def test_pull_step_moves_the_flow_run_into_the_project_dir(tmp_path, monkeypatch, prefect_server):

@@ -12,7 +12,8 @@ up` (Prefect server, MLflow server, a cpu and a gpu process worker), then
    SIGTERM checkpoint; and through `prefect flow-run execute` with
    PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule (what a Kubernetes
    pod runs), the run goes back to Scheduled and resumes;
-4. a repeat of the first run completes with every data task Cached.
+4. the parent's own process killed mid-pipeline: rescheduled, it re-attaches and completes;
+5. a repeat of the first run completes with every data task Cached.
 """
 
 from __future__ import annotations
@@ -113,19 +114,19 @@ def test_first_run_completes_on_the_pools(stack):
     stack["first"] = str(parent.id)
 
 
-def _training_process(stack, run_id: str, timeout: float) -> psutil.Process:
-    """The flow-run process the gpu worker started for this run (its recorded infrastructure pid)."""
+def _flow_run_process(stack, run_id: str, timeout: float) -> psutil.Process:
+    """The flow-run process a worker started for this run (its recorded infrastructure pid)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with client(stack) as c:
             run = c.read_flow_run(run_id)
-        assert not run.state.is_final(), f"training run ended {run.state.name} before it could be killed"
+        assert not run.state.is_final(), f"flow run ended {run.state.name} before it could be killed"
         if run.state.is_running() and run.infrastructure_pid:
             proc = psutil.Process(int(run.infrastructure_pid.rsplit(":", 1)[-1]))  # "[host:]pid"
             assert proc.environ().get("PREFECT__FLOW_RUN_ID") == run_id
             return proc
         time.sleep(0.5)
-    raise AssertionError(f"training run {run_id} never ran")
+    raise AssertionError(f"flow run {run_id} never ran")
 
 
 def _wait_checkpoint(config, proc: psutil.Process, timeout: float) -> int:
@@ -163,7 +164,7 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     config = resolve_config("smoke", params)
     parent_id = deployment_run(stack, params)
     train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
-    proc = _training_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    proc = _flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
     killed_after = _wait_checkpoint(config, proc, timeout=PIPELINE_TIMEOUT_S)
     assert killed_after < config.train.max_steps
     os.kill(proc.pid, signal.SIGKILL)
@@ -219,7 +220,7 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
     config = resolve_config("smoke", params)
     parent_id = deployment_run(stack, params)
     train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
-    proc = _training_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    proc = _flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
     run_dir = storage.local_path(layout_run_dir(config))
     deadline = time.monotonic() + PIPELINE_TIMEOUT_S
     while not (run_dir / "lease").exists():  # training has started (its lease is taken)
@@ -247,12 +248,19 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
 
     params = overrides(stack, **{"train.lr": 4e-3, **LONG_RUN})
     config = resolve_config("smoke", params)
+    # The data first (cached when an earlier test made it): the training stage needs its manifest.
+    gpt2(stack["env"], stack["base"], "prepare", "--preset", "smoke", "--set", f"runtime.root={params['runtime.root']}",
+         "--set", f"runtime.work_dir={params['runtime.work_dir']}")
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
     with client(stack) as c:
         dep = c.read_deployment_by_name("gpt2-train/train")
         run = c.create_flow_run_from_deployment(dep.id, parameters={"preset": "smoke", "overrides": params},
                                                 state=Scheduled(scheduled_time=later))  # no worker takes it
-    env = {**stack["env"], "PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR": "reschedule"}
+    from flows import deployment_file
+
+    # The pod's environment: the reschedule behaviour, and where the image keeps the code.
+    env = {**stack["env"], "PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR": "reschedule",
+           deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR)}
 
     def execute() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "prefect", "flow-run", "execute", str(run.id)], env=env,
@@ -281,6 +289,29 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
     from flows.stages import results_url
 
     assert storage.read_json(results_url(config, str(run.id)))["resumed_from_step"] == stopped_at, out[-3000:]
+
+
+def test_parent_machine_death_is_rescheduled_and_completes(stack):
+    """The parent's flow-run process dies (its CPU machine went away) while
+    training runs: it is rescheduled, re-attaches to the training run it
+    started (no second one), and completes."""
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 5e-3, **LONG_RUN})
+    config = resolve_config("smoke", params)
+    parent_id = deployment_run(stack, params)
+    train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
+    _flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    parent_proc = _flow_run_process(stack, parent_id, timeout=60)  # the parent's own flow-run process
+    os.kill(parent_proc.pid, signal.SIGKILL)
+
+    parent = wait_final(stack, parent_id)
+    assert_completed(stack, parent, "the pipeline after its own process died")
+    with client(stack) as c:
+        history = [s.name for s in c.read_flow_run_states(parent_id)]
+    assert parent.run_count >= 2 and "Crashed" in history, history
+    child(stack, parent_id, "gpt2-train/train")  # exactly one training run for this parent
+    assert _checkpoint_step(config) == config.train.max_steps
 
 
 def layout_run_dir(config) -> str:
