@@ -96,8 +96,13 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     flow_fn = getattr(importlib.import_module(module), name)
     overrides, _ = parse_assignments(sets or [])
     overrides["runtime.root"] = config.runtime.root
+    from prefect.exceptions import TerminationSignal
+
     try:
         return config, flow_fn(preset=preset, overrides=overrides, **kwargs)
+    except TerminationSignal:  # SIGTERM: Prefect marked the run Crashed once the trainer had checkpointed
+        fail("stopped by SIGTERM; work done so far is kept (training wrote a checkpoint): rerun the same command "
+             "to continue", code=143)
     except errors or user_errors() as err:
         known = isinstance(err, user_errors())  # their messages already say what and where
         fail(str(err) if known else f"{type(err).__name__}: {err}")

@@ -34,7 +34,7 @@ def train(config: Config, parent_run_id: str | None = None, tags: dict | None = 
         artifact.update(info.fraction)
 
     try:
-        result = train_stage(config, progress, get_run_logger().info, parent_run_id, tags)
+        result = train_stage(config, progress, get_run_logger().info, parent_run_id, tags, isolate=True)
     finally:
         bar.close()
     artifact.update(1.0, force=True)

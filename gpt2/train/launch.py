@@ -13,6 +13,7 @@ them into its own logger).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -65,8 +67,10 @@ def step_info(event: dict) -> StepInfo:
 
 def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_run_id: str | None,
                      tags: dict | None) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "gpt2.train", "--config", str(config_path), "--status", str(status_path)]
+    """The trainer's command line: under torchrun for several processes, plain
+    `python -m gpt2.train` for one."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+    cmd = [sys.executable, *launcher, "-m", "gpt2.train", "--config", str(config_path), "--status", str(status_path)]
     if parent_run_id:
         cmd += ["--parent-run-id", parent_run_id]
     for key, value in (tags or {}).items():
@@ -85,9 +89,38 @@ def _terminate_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+STOP_GRACE_S = 120.0
+"""How long a trainer told to stop may take to write its checkpoint before it is killed."""
+
+
+def _orchestrated() -> bool:
+    """Someone above us handles SIGTERM (Prefect's engine bridge): leave it in
+    place; `prefect flow-run execute` only acknowledges a graceful stop while
+    it is installed, and otherwise kills the run at once."""
+    return threading.current_thread() is not threading.main_thread() or callable(signal.getsignal(signal.SIGTERM))
+
+
+def _stop(proc: subprocess.Popen, emit: Callable[[str], None]) -> None:
+    """We are going away: tell the trainer, and give it the time to checkpoint."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    killer = threading.Timer(STOP_GRACE_S, proc.kill)
+    killer.start()
+    try:
+        for line in proc.stdout:
+            emit(line.rstrip())
+        proc.wait()
+    finally:
+        killer.cancel()
+
+
 def torchrun_train(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
                    parent_run_id: str | None = None, tags: dict | None = None) -> TrainResult:
-    """`train` in `runtime.nproc_per_node` worker processes under torchrun."""
+    """`train` in a child process: `runtime.nproc_per_node` workers under
+    torchrun, or one `python -m gpt2.train`. A SIGTERM to us reaches the
+    trainer, which checkpoints and stops: directly when nobody above us
+    handles the signal (then Preempted), or, under an orchestrator's own
+    handler, when that handler raises in this thread (then its exception)."""
     emit = log_line or log.info
     with tempfile.TemporaryDirectory(prefix="gpt2-train-") as tmp:
         config_path, status = Path(tmp) / "run.json", StatusFile(Path(tmp) / "status.jsonl")
@@ -99,18 +132,18 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
                                 preexec_fn=_terminate_with_parent)
         tail: deque[str] = deque(maxlen=40)
         last: dict = {}
-        # A SIGTERM to us (preemption) goes to torchrun, which passes it to the
-        # workers: they checkpoint and exit; then it is handed on like train()'s.
-        guard = SigtermGuard(on_signal=lambda: proc.send_signal(signal.SIGTERM))
-        with guard.installed():
-            for line in proc.stdout:
-                tail.append(line.rstrip())
-                emit(line.rstrip())
-                last = _follow(status, progress) or last
-            code = proc.wait()
-            last = _follow(status, progress) or last
-            if last.get("event") == "preempted":
-                guard.hand_on()
+        guard = None if _orchestrated() else SigtermGuard(on_signal=lambda: proc.send_signal(signal.SIGTERM))
+        try:
+            with guard.installed() if guard else contextlib.nullcontext():
+                for line in proc.stdout:
+                    tail.append(line.rstrip())
+                    emit(line.rstrip())
+                    last = _follow(status, progress) or last
+                code = proc.wait()
+        except BaseException:  # the orchestrator's SIGTERM bridge, Ctrl-C, a cancellation
+            _stop(proc, emit)
+            raise
+        last = _follow(status, progress) or last
     return _outcome(last, code, tail)
 
 
@@ -137,8 +170,11 @@ def _outcome(last: dict, code: int, tail: deque[str]) -> TrainResult:
 
 
 def train_stage(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
-                parent_run_id: str | None = None, tags: dict | None = None) -> TrainResult:
-    """Train on one device in this process, or on several through torchrun."""
-    if config.runtime.nproc_per_node > 1:
+                parent_run_id: str | None = None, tags: dict | None = None, isolate: bool = False) -> TrainResult:
+    """Train on one device in this process, or in a child process: always for
+    several devices (torchrun), and with `isolate` for one (what the Prefect
+    task asks for, so the flow-run process stays responsive and keeps its own
+    SIGTERM handling)."""
+    if isolate or config.runtime.nproc_per_node > 1:
         return torchrun_train(config, progress, log_line, parent_run_id, tags)
     return train(config, progress=progress, parent_run_id=parent_run_id, tags=tags)

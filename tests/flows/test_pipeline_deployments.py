@@ -18,7 +18,7 @@ up` (Prefect server, MLflow server, a cpu and a gpu process worker), then
 
 from __future__ import annotations
 
-import datetime
+import contextlib
 import json
 import os
 import re
@@ -240,10 +240,8 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
 
 def test_sigterm_under_flow_run_execute_reschedules(stack):
     """What the Kubernetes worker runs as the pod's PID 1, here by hand."""
-    from prefect.client.schemas.objects import StateType
     from prefect.states import Scheduled
 
-    from gpt2 import storage
     from gpt2.overrides import resolve_config
 
     params = overrides(stack, **{"train.lr": 4e-3, **LONG_RUN})
@@ -251,12 +249,19 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
     # The data first (cached when an earlier test made it): the training stage needs its manifest.
     gpt2(stack["env"], stack["base"], "prepare", "--preset", "smoke", "--set", f"runtime.root={params['runtime.root']}",
          "--set", f"runtime.work_dir={params['runtime.work_dir']}")
-    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
-    with client(stack) as c:
+    with client(stack) as c, gpu_pool_paused(stack):  # no worker takes the run: we are its pod
         dep = c.read_deployment_by_name("gpt2-train/train")
         run = c.create_flow_run_from_deployment(dep.id, parameters={"preset": "smoke", "overrides": params},
-                                                state=Scheduled(scheduled_time=later))  # no worker takes it
+                                                state=Scheduled())
+        _execute_sigterm_then_resume(stack, config, run)
+
+
+def _execute_sigterm_then_resume(stack, config, run) -> None:
+    from prefect.client.schemas.objects import StateType
+
     from flows import deployment_file
+    from flows.stages import results_url
+    from gpt2 import storage
 
     # The pod's environment: the reschedule behaviour, and where the image keeps the code.
     env = {**stack["env"], "PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR": "reschedule",
@@ -286,8 +291,6 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
     with client(stack) as c:
         final = c.read_flow_run(run.id)
     assert_completed(stack, final, "the re-executed training run")
-    from flows.stages import results_url
-
     assert storage.read_json(results_url(config, str(run.id)))["resumed_from_step"] == stopped_at, out[-3000:]
 
 
@@ -312,6 +315,19 @@ def test_parent_machine_death_is_rescheduled_and_completes(stack):
     assert parent.run_count >= 2 and "Crashed" in history, history
     child(stack, parent_id, "gpt2-train/train")  # exactly one training run for this parent
     assert _checkpoint_step(config) == config.train.max_steps
+
+
+@contextlib.contextmanager
+def gpu_pool_paused(stack):
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    with client(stack) as c:
+        c.update_work_pool("gpu", WorkPoolUpdate(is_paused=True))
+    try:
+        yield
+    finally:
+        with client(stack) as c:
+            c.update_work_pool("gpu", WorkPoolUpdate(is_paused=False))
 
 
 def layout_run_dir(config) -> str:

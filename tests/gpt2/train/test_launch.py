@@ -46,6 +46,8 @@ def test_a_torn_last_line_is_read_once_it_is_whole(tmp_path):
 def test_torchrun_command_runs_the_trainer_module():
     cmd = torchrun_command(Path("run.json"), Path("s.jsonl"), 8, "abc", {"stage": "train"})
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8"]
+    one = torchrun_command(Path("run.json"), Path("s.jsonl"), 1, None, None)
+    assert one[1:] == ["-m", "gpt2.train", "--config", "run.json", "--status", "s.jsonl"]  # no torchrun for one
     assert cmd[5:11] == ["-m", "gpt2.train", "--config", "run.json", "--status", "s.jsonl"]
     assert cmd[-4:] == ["--parent-run-id", "abc", "--tag", "stage=train"]
 
