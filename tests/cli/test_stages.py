@@ -38,3 +38,41 @@ def test_cli_json_result(tmp_path, prefect_server):
     assert isinstance(result["final_val_loss"], float) and result["checkpoint"].endswith("step_000002")
     # Full precision: exactly the number the checkpoint recorded.
     assert storage.read_json(storage.join(result["checkpoint"], "state.json"))["val_loss"] == result["final_val_loss"]
+
+
+def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(tmp_path, prefect_server):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpt2 import layout
+    from gpt2.checkpoint import store
+
+    overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.max_steps": 400,
+                 "train.checkpoint_every": 10_000, "train.eval_every": 10_000, "train.sample_every": 10_000}
+    config = tiny_config(tmp_path / "root", **overrides)
+    write_dataset(config)
+    cmd = [sys.executable, "-m", "cli.main", "train", "--preset", "smoke", "--root", str(tmp_path / "root"), "--json"]
+    for k, v in overrides.items():
+        cmd += ["--set", f"{k}={v}"]
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(repo)}
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lease = storage.local_path(layout.run_dir(config)) / "lease"
+    while not lease.exists():
+        assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    # Prefect ends the process with the signal itself once the run is marked
+    # Crashed: a shell sees 143, as after any SIGTERM.
+    assert proc.returncode in (143, -signal.SIGTERM), out + err
+    assert "stopped by SIGTERM after step" in err and "Finished in state Crashed" in err
+    stopped_at = int(store.latest_checkpoint(config).rsplit("_", 1)[1])
+    assert stopped_at < 400
+
+    again = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads(again.stdout.strip().splitlines()[-1])
+    assert result["resumed_from_step"] == stopped_at and result["steps"] == 400
