@@ -8,6 +8,7 @@ changes only when what it holds would:
       data/<name>-<data fp>/            manifest.json + llm.c shards
       runs/<name>-<train fp>/           one training run
         checkpoints/step_000500/        a checkpoint (gpt2.checkpoint.store)
+        lease/000001.json               who trains this run (gpt2.checkpoint.lease)
         eval/step_000500/hellaswag.json
         export/step_000500/{hf,llmc}/
       pipeline/parents/<flow run>.json  the parent flow's MLflow run id
@@ -106,6 +107,11 @@ def checkpoint_dir(run_dir_url: str, step: int) -> str:
     return storage.join(checkpoints_dir(run_dir_url), step_name(step))
 
 
+def lease_dir(run_dir_url: str) -> str:
+    """The run's lease generations (gpt2.checkpoint.lease)."""
+    return storage.join(run_dir_url, "lease")
+
+
 def fresh_marker(run_dir_url: str, flow_run_id: str | None) -> str:
     """Records that one flow run already applied --fresh (it must not twice)."""
     return storage.join(run_dir_url, f".fresh-{flow_run_id or 'local'}")
@@ -152,8 +158,3 @@ def mlflow_artifacts(config: Config) -> str:
     if url.split("://", 1)[0] in ("file", "gs", "s3"):
         return storage.join(url, "mlflow-artifacts")
     return (config.runtime.work_root / "mlflow-artifacts").as_uri()
-
-
-def lease_dir(run_dir_url: str) -> str:
-    """The run's lease generations (gpt2.checkpoint.lease)."""
-    return storage.join(run_dir_url, "lease")
