@@ -20,6 +20,7 @@ from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
+from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
 from gpt2.data.manifest import load_manifest
 from gpt2.overrides import resolve_config
@@ -41,8 +42,14 @@ def _start_over(config: Config) -> None:
     if storage.exists(marker):
         get_run_logger().info("--fresh already applied by this flow run; resuming")
         return
-    store.clear_run(run_dir)
-    storage.write_bytes_atomic(marker, b"")
+    # Under the run's lease: --fresh never deletes what a live trainer is writing.
+    lease = Lease(layout.lease_dir(run_dir), config.runtime.lease_ttl_s, str(flow_run.id) if flow_run.id else None)
+    lease.acquire(config.runtime.lease_wait_s)
+    try:
+        store.clear_run(run_dir)
+        storage.write_bytes_atomic(marker, b"")
+    finally:
+        lease.release()
 
 
 def run_train_stage(config: Config, fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:

@@ -64,3 +64,18 @@ def test_several_processes_run_under_torchrun(stage):
         with get_client(sync_client=True) as client:
             messages = "\n".join(log.message for log in client.read_logs(query))
     assert "torch.distributed.run" in messages and "step 4/4" in messages and "[rank 0]" in messages
+
+
+def test_fresh_never_deletes_what_a_live_trainer_holds(stage):
+    from gpt2 import layout
+    from gpt2.checkpoint.lease import Lease, LeaseHeld
+
+    config, args = stage
+    first = train_flow(**args)
+    other = Lease(layout.lease_dir(layout.run_dir(config)), ttl_s=600, flow_run_id="another-run").acquire()
+    try:
+        with pytest.raises(LeaseHeld, match="flow run another-run"):
+            train_flow(**args, fresh=True)
+    finally:
+        other.release()
+    assert store.latest_checkpoint(config) == first["checkpoint"]  # nothing deleted
