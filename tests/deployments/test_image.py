@@ -41,3 +41,16 @@ def test_installs_the_project_with_its_gcs_extra():
     assert "gcs" in PYPROJECT["project"]["optional-dependencies"]
     ignored = (deployment_file.DEPLOYMENTS_DIR / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", "artifacts", ".git"} <= set(ignored)
+
+
+def test_pid_1_is_an_init_process_that_passes_sigterm_on():
+    """The Kubernetes job template puts the flow-run command in `args`, so the
+    image's ENTRYPOINT (tini) stays PID 1 and forwards the kubelet's SIGTERM."""
+    import json
+
+    (entrypoint,) = _instruction("ENTRYPOINT")
+    assert json.loads(entrypoint)[:2] == ["/usr/bin/tini", "--"]
+    assert any("install" in run and "tini" in run for run in _instruction("RUN"))
+    k8s = json.loads((deployment_file.DEPLOYMENTS_DIR / "pools" / "kubernetes-gpu.json").read_text())
+    container = k8s["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    assert "command" not in container and container["args"] == "{{ command }}"
