@@ -62,8 +62,6 @@ def resolve_checkpoint(config: Config, checkpoint: str | None = "latest") -> Che
         url = storage.normalize_url(checkpoint)
     marker = read_marker(url)
     if marker is None:
-        raise CheckpointNotFound(f"checkpoint {url} does not exist or is incomplete (no {MARKER} marker)")
-    try:
-        return CheckpointRef(url=url, step=int(marker["step"]), model_sha256=marker["files"]["model.safetensors"]["sha256"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointNotFound(f"checkpoint {url} has an unreadable {MARKER} marker ({err})") from None
+        raise CheckpointNotFound(f"checkpoint {url} does not exist or is incomplete (no valid {MARKER} marker)")
+    # read_marker returns only well-formed markers (a step, every file's size and sha256).
+    return CheckpointRef(url=url, step=marker["step"], model_sha256=marker["files"]["model.safetensors"]["sha256"])

@@ -88,12 +88,14 @@ def read_marker(url: str) -> dict | None:
 def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
     """URLs of the checkpoints whose marker exists and whose file sizes match it, newest first."""
     run_dir = layout.run_dir(config_or_run_dir) if isinstance(config_or_run_dir, Config) else config_or_run_dir
-    out = []
-    for _, url in _step_dirs(storage.normalize_url(run_dir)):
-        marker = read_marker(url)
-        if marker and all(storage.size(storage.join(url, n)) == f["bytes"] for n, f in marker["files"].items()):
-            out.append(url)
-    return out
+    return [url for _, url in _step_dirs(storage.normalize_url(run_dir)) if _is_complete(url)]
+
+
+def _is_complete(url: str) -> bool:
+    """A well-formed marker, and every file it lists at the size it records."""
+    marker = read_marker(url)
+    return marker is not None and all(storage.size(storage.join(url, n)) == f["bytes"]
+                                      for n, f in marker["files"].items())
 
 
 def latest_checkpoint(config_or_run_dir: Config | str) -> str | None:
@@ -250,10 +252,10 @@ def prune(run_dir: str, keep: int, written_step: int | None = None) -> None:
     beyond `written_step` (left by an abandoned timeline of the run: they
     must never outrank the checkpoint just written). The marker goes first,
     so a half-deleted directory never looks complete."""
-    stale = {url for step, url in _step_dirs(run_dir) if written_step is not None and step > written_step}
-    complete = set([u for u in complete_checkpoints(run_dir) if u not in stale][:keep])
-    for _, url in _step_dirs(run_dir):
-        if url not in complete:
+    dirs = _step_dirs(run_dir)
+    kept = [url for step, url in dirs if (written_step is None or step <= written_step) and _is_complete(url)][:keep]
+    for _, url in dirs:
+        if url not in kept:
             storage.remove(storage.join(url, MARKER))
             storage.remove(url, recursive=True)
             log.debug("removed old checkpoint %s", url)

@@ -161,12 +161,12 @@ def _outcome(last: dict, code: int, tail: deque[str]) -> TrainResult:
     if code == 0 and kind == "done":
         return TrainResult(**last["result"])
     if kind == "preempted":
-        raise Preempted(f"torchrun workers stopped by SIGTERM (exit {code}): {last['message']}")
+        raise Preempted(f"the trainer stopped by SIGTERM (exit {code}): {last['message']}")
     if kind == "error":
-        raise TrainingError(f"torchrun exited with code {code}: {last['message']}")
+        raise TrainingError(f"the trainer exited with code {code}: {last['message']}")
     # No outcome recorded: a worker died (killed, a crash outside the trainer).
     errors = [line for line in tail if "ERROR" in line or "Error" in line] or list(tail)[-10:]
-    raise TrainingError(f"torchrun exited with code {code}:\n" + "\n".join(errors[-10:]))
+    raise TrainingError(f"the trainer exited with code {code}:\n" + "\n".join(errors[-10:]))
 
 
 def train_stage(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
