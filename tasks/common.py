@@ -1,5 +1,5 @@
 """What every stage's tasks share: cache keys on identity + code version,
-result storage in the artifact root, and a throttled progress artifact.
+result storage in the artifact root (as JSON, see tasks.results), and a throttled progress artifact.
 
 Cache keys never include runtime settings (workers, device, root), so moving
 to a bigger machine keeps the cache; results live under the artifact root, so
@@ -12,14 +12,13 @@ import hashlib
 import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any, Callable
 
-from prefect.filesystems import RemoteFileSystem
 from prefect.tasks import Task
 
-from gpt2 import layout, storage
+from gpt2 import layout
 from gpt2.config import Config
+from tasks.results import RootJSONSerializer, RootResultStorage
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +45,20 @@ def identity_cache_key(step: str, fingerprint: Callable[[Config], str]) -> Calla
     return key
 
 
-def result_storage(config: Config) -> Path | RemoteFileSystem:
-    """Prefect result storage under the artifact root (`<root>/.prefect/results`).
-
-    A local root is passed as a Path; a remote one as a RemoteFileSystem block,
-    saved because Prefect only accepts persisted blocks as task result storage.
-    """
+def result_storage(config: Config) -> RootResultStorage:
+    """Prefect result storage under the artifact root (`<root>/.prefect/results`)
+    that reads JSON records only (tasks.results says why). Saved, because
+    Prefect only accepts persisted blocks as task result storage."""
     url = layout.prefect_results(config)
-    path = storage.local_path(url)
-    if path is not None:
-        return path
-    block = RemoteFileSystem(basepath=url)
+    block = RootResultStorage(basepath=url)
     block.save(f"gpt2-results-{hashlib.sha256(url.encode()).hexdigest()[:12]}", overwrite=True)
     return block
 
 
 def bind(task: Task, config: Config, refresh: bool = False) -> Task:
-    """The task with its results stored in this config's artifact root."""
-    return task.with_options(result_storage=result_storage(config), refresh_cache=refresh or None)
+    """The task with its results stored in this config's artifact root, as data."""
+    return task.with_options(result_storage=result_storage(config), result_serializer=RootJSONSerializer(),
+                             refresh_cache=refresh or None)
 
 
 def run_cached(task: Task, config: Config, *args: Any, valid: Callable[[Any], bool] = lambda _: True):
