@@ -196,13 +196,23 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> "Config":
-        from gpt2.secrets import URL_FIELDS, url_has_credentials
+        from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
-        bad = [f for f in URL_FIELDS if url_has_credentials(getattr(getattr(self, f.split(".")[0]), f.split(".")[1]))]
+        from gpt2.secrets import URL_FIELDS, redact, url_has_credentials
+
+        values = {f: getattr(getattr(self, f.split(".")[0]), f.split(".")[1]) for f in URL_FIELDS}
+        bad = [f for f, v in values.items() if url_has_credentials(v)]
         if bad:
-            raise ValueError(
-                f"{', '.join(bad)} must not embed credentials (they would be logged with the config); "
-                "pass them through the environment instead (MLFLOW_TRACKING_USERNAME/PASSWORD, "
-                "GOOGLE_APPLICATION_CREDENTIALS, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, HF_TOKEN)"
+            # A ValueError here would become an error whose text shows the
+            # input, the whole config, secret included; a ValidationError
+            # replaces it, one error per field, showing the value redacted.
+            error = PydanticCustomError(
+                "credentials_in_url",
+                "must not embed credentials (they would be logged with the config); pass them through the "
+                "environment instead (MLFLOW_TRACKING_USERNAME/PASSWORD, GOOGLE_APPLICATION_CREDENTIALS, "
+                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, HF_TOKEN)",
             )
+            raise ValidationError.from_exception_data("Config", [
+                InitErrorDetails(type=error, loc=tuple(f.split(".")), input=redact(values[f])) for f in bad
+            ])
         return self

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from gpt2 import layout
 from gpt2.config import Config
 from gpt2.outbox import Outbox
+from gpt2.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Tracker:
         enabled = enabled and config.tracking.enabled
         self.enabled, self.run_id, self.run_name = enabled, run_id, run_name
         self.uri = default_tracking_uri(config)
+        # For messages: $MLFLOW_TRACKING_URI is not validated like the config and may hold a password.
+        self.safe_uri = redact(self.uri)
         self._experiment, self._artifacts = config.tracking.experiment, artifact_location(config)
         self._tags = {k: str(v) for k, v in (tags or {}).items()}
         if parent_run_id:
@@ -95,7 +98,7 @@ class Tracker:
         self._spool: Path | None = None
         if enabled:
             self._spool = Path(tempfile.mkdtemp(prefix="gpt2-tracking-"))
-            self._outbox = Outbox(f"MLflow at {self.uri}", self._connect,
+            self._outbox = Outbox(f"MLflow at {self.safe_uri}", self._connect,
                                   lambda c, batch: c.log_batch(self.run_id, metrics=batch),
                                   batch_size=MAX_METRICS_PER_BATCH, interval_s=flush_interval_s)
             self._outbox.wait_first_attempt(connect_timeout_s)  # so run_id is known up front when MLflow is up
@@ -150,7 +153,7 @@ class Tracker:
         if not sent:
             points, records = self._outbox.pending()
             log.warning("MLflow at %s still unreachable: %d metrics and %d records were not sent",
-                        self.uri, points, records)
+                        self.safe_uri, points, records)
         shutil.rmtree(self._spool, ignore_errors=True)
         self._outbox = None
 
@@ -185,7 +188,7 @@ class Tracker:
             run = client.create_run(self._experiment_id(client), run_name=self.run_name, tags=self._tags)
             self.run_id = run.info.run_id
         self._ready = True
-        log.info("MLflow run %s (%s) at %s", self.run_id, "resumed" if self._resumed else "new", self.uri)
+        log.info("MLflow run %s (%s) at %s", self.run_id, "resumed" if self._resumed else "new", self.safe_uri)
         self._start_monitor()
 
     def _reopen(self, client: Any) -> bool:
@@ -196,7 +199,7 @@ class Tracker:
         except MlflowException as err:
             if err.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
-            log.warning("MLflow run %s not found at %s; starting a new run", self.run_id, self.uri)
+            log.warning("MLflow run %s not found at %s; starting a new run", self.run_id, self.safe_uri)
             return False
         if self._tags:
             self._send_tags(client, self._tags)

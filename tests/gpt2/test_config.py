@@ -112,3 +112,86 @@ def test_redact_masks_passwords_and_tokens():
     out = redact(text)
     assert "pw123" not in out and "hf_abcdef" not in out and "AKIAABCD" not in out
     assert "postgresql://u:***@db/x" in out
+
+
+# Each URL carries one credential form; SEKRET marks every secret part.
+CREDENTIAL_URLS = [
+    "https://h/x.jsonl?access_token=SEKRET",
+    "https://h/x.jsonl?a=1&Access_Token=SEKRET",
+    ("https://storage.googleapis.com/b/x.jsonl?X-Goog-Algorithm=GOOG4-RSA-SHA256"
+     "&X-Goog-Credential=SEKRET%2F20240101%2Fauto&X-Goog-Signature=SEKRET"),
+    ("https://b.s3.amazonaws.com/x.jsonl?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=SEKRET%2F20240101"
+     "&X-Amz-Security-Token=SEKRET&X-Amz-Signature=SEKRET"),
+    "https://a.blob.core.windows.net/c/x.jsonl?sv=2022-11-02&se=2030-01-01&sig=SEKRET%3D",
+    "https://www.googleapis.com/x.jsonl?KEY=SEKRET",
+    "https://login.example.com/x?client_id=app&client_secret=SEKRET",
+    "https://SEKRET@github.com/org/data.git",
+    "https://alice:SEKRET@mlflow.example.com",
+    "https://alice:SEK@RET@mlflow.example.com",  # an unencoded `@` in the password
+    "abfs://container:SEKRET@account.dfs.core.windows.net/x.jsonl",
+]
+HARMLESS_URLS = [
+    "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/*.parquet",
+    "gs://bucket/path/x.jsonl",
+    "s3://bucket/key=2024/part-0.parquet",
+    "/data/corpus.jsonl",
+    "file:///data/corpus.jsonl",
+    "https://huggingface.co/datasets/org/x/resolve/main/a.jsonl?download=true",
+    "https://h/x.jsonl?key_field=text&token_count=3",
+    "sqlite:////srv/mlflow/mlflow.db",
+    "abfs://container@account.dfs.core.windows.net/data/x.jsonl",  # the container, not a user
+]
+
+
+@pytest.mark.parametrize("url", CREDENTIAL_URLS)
+def test_every_credential_form_is_refused_without_being_shown(url):
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", {"data.source": url})
+    assert "data.source" in str(info.value) and "SEK" not in str(info.value)
+    # Validated directly, pydantic's own text would print the input: it shows the value redacted.
+    tree = PRESETS["smoke"]().model_dump()
+    tree["tracking"]["uri"] = url
+    with pytest.raises(ValueError) as raw:
+        Config.model_validate(tree)
+    assert "tracking.uri" in str(raw.value)
+    for text in (str(raw.value), repr(raw.value), raw.value.json()):
+        assert "SEK" not in text and "***" in text
+
+
+def test_every_bad_field_is_named():
+    url = "https://h/x?sig=SEKRET"
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", {"data.source": url, "eval.hellaswag_source": url, "tracking.uri": url}, root=url)
+    assert all(field in str(info.value) for field in ("data.source", "eval.hellaswag_source", "tracking.uri",
+                                                       "runtime.root"))
+    assert "SEKRET" not in str(info.value) and "sig=***" in str(info.value)
+
+
+@pytest.mark.parametrize("url", HARMLESS_URLS)
+def test_urls_without_credentials_are_accepted_and_left_alone(url):
+    from gpt2.secrets import redact
+
+    assert resolve_config("smoke", {"data.source": url}).data.source == url
+    assert redact(url) == url
+
+
+@pytest.mark.parametrize("url", CREDENTIAL_URLS)
+def test_redact_masks_each_credential_form_in_text(url):
+    from gpt2.secrets import redact
+
+    out = redact(f"download of {url} failed: 403")
+    assert "SEK" not in out and out.startswith(f"download of {url.split(':')[0]}://") and out.endswith(" failed: 403")
+
+
+def test_redact_keeps_what_names_the_secret():
+    from gpt2.secrets import redact
+
+    assert redact("https://h/x?sv=1&sig=abc%2F&se=2") == "https://h/x?sv=1&sig=***&se=2"
+    assert redact("https://h/x?X-Amz-Signature=abc&x=1") == "https://h/x?X-Amz-Signature=***&x=1"
+    assert redact("https://ghp_tok@github.com/o/r.git") == "https://***@github.com/o/r.git"
+    assert redact("Authorization: Bearer eyJhbGciOi.e30.c2ln") == "Authorization: Bearer ***"
+    assert redact("headers={'Authorization': 'Basic dTpw'}") == "headers={'Authorization': 'Basic ***'}"
+    assert redact("client_secret=abc and password=hunter2") == "client_secret=*** and password=***"
+    # No scheme, no credential: scp-style git remotes and e-mail addresses stay.
+    assert redact("git@github.com:org/repo.git, mail alice@example.com") == (
+        "git@github.com:org/repo.git, mail alice@example.com")

@@ -95,3 +95,11 @@ def test_the_experiment_opens_on_its_training_runs(tmp_path):
         pass
     exp = MlflowClient(default_tracking_uri(config)).get_experiment_by_name(config.tracking.experiment)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_messages_show_the_tracking_uri_redacted(tmp_path, monkeypatch):
+    # $MLFLOW_TRACKING_URI is not validated like the config: it may carry a password.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://alice:s3cr3t@mlflow.example.com")
+    tracker = Tracker(tiny_config(tmp_path), "off", enabled=False)
+    assert tracker.uri == "https://alice:s3cr3t@mlflow.example.com"
+    assert tracker.safe_uri == "https://alice:***@mlflow.example.com"
