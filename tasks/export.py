@@ -42,7 +42,8 @@ def register_model(config: Config, ref: CheckpointRef, export: dict[str, Any], p
         tracker.log_dict(export, "export/manifest.json")
         config.runtime.work_root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=config.runtime.work_root) as tmp:
-            version = register_hf_model(tracker, _local_copy(export["hf_dir"], Path(tmp)), name, alias)
+            version = register_hf_model(tracker, _local_copy(export["hf_dir"], Path(tmp)), name, alias,
+                                        export_id=export_files_fingerprint(ref.model_sha256))
     return {"registered_model": name, "model_version": version, "alias": alias, "mlflow_run_id": tracker.run_id}
 
 

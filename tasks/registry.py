@@ -13,22 +13,53 @@ import os
 from pathlib import Path
 
 from gpt2.config import Config
+from gpt2.secrets import redact
 from gpt2.tracking import Tracker, default_tracking_uri
 
 log = logging.getLogger(__name__)
 
 # Listing them skips MLflow's slow requirement inference.
 PIP_REQUIREMENTS = ["transformers", "torch", "safetensors", "tokenizers"]
+EXPORT_TAG = "export_fingerprint"
+"""Model version tag: the fingerprint of the exported files it was logged from."""
 
 
-def register_hf_model(tracker: Tracker, hf_dir: str | Path, name: str, alias: str | None = None) -> int:
+def register_hf_model(tracker: Tracker, hf_dir: str | Path, name: str, alias: str | None = None, *,
+                      export_id: str) -> int:
     """Log `hf_dir` to the tracker's run, register it as `name`, point `alias`
-    at the new version; returns the version."""
+    at the new version; returns the version. `export_id` names the exported
+    files: a version of `name` already tagged with it (left by an attempt that
+    died before its result was recorded) is reused, not registered again."""
+    import mlflow
+
+    if not tracker.flush(timeout=60) or tracker.run_id is None:
+        raise RuntimeError(f"MLflow at {tracker.safe_uri} is unreachable; cannot register model {name!r}")
+    client = mlflow.MlflowClient(tracking_uri=tracker.uri)
+    version = registered_version(client, name, export_id)
+    if version is None:
+        version = _log_and_register(tracker, hf_dir, name, {EXPORT_TAG: export_id})
+    else:
+        log.info("%s version %s already holds export %s; reusing it", name, version, export_id)
+    if alias:
+        client.set_registered_model_alias(name, alias, version)
+    return version
+
+
+def registered_version(client, name: str, export_id: str) -> int | None:
+    """The newest version of `name` tagged with `export_id`, if any. Out of
+    scope: two attempts registering at the same moment both find none and make
+    two versions (MLflow has no unique constraint to stop the second)."""
+    # The filter is on the tag alone (hex, safe to quote), the name is
+    # compared here: a model name may hold quotes.
+    found = client.search_model_versions(f"tags.{EXPORT_TAG} = '{export_id}'")
+    versions = [int(v.version) for v in found if v.name == name and v.tags.get(EXPORT_TAG) == export_id]
+    return max(versions, default=None)
+
+
+def _log_and_register(tracker: Tracker, hf_dir: str | Path, name: str, tags: dict[str, str]) -> int:
     import mlflow
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not tracker.flush(timeout=60) or tracker.run_id is None:
-        raise RuntimeError(f"MLflow at {tracker.uri} is unreachable; cannot register model {name!r}")
     model = AutoModelForCausalLM.from_pretrained(hf_dir)
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     # mlflow's fluent API (all log_model offers) needs a global tracking URI,
@@ -38,18 +69,17 @@ def register_hf_model(tracker: Tracker, hf_dir: str | Path, name: str, alias: st
     mlflow.set_tracking_uri(tracker.uri)
     try:
         with mlflow.start_run(run_id=tracker.run_id):
+            # `tags` go on the model version in the call that creates it, so
+            # no crash can leave a version without its export id.
             info = mlflow.transformers.log_model(
                 {"model": model, "tokenizer": tokenizer}, name="hf", task="text-generation",
-                registered_model_name=name, pip_requirements=PIP_REQUIREMENTS,
+                registered_model_name=name, pip_requirements=PIP_REQUIREMENTS, tags=tags,
             )
-        version = int(info.registered_model_version)
-        if alias:
-            mlflow.MlflowClient(tracking_uri=tracker.uri).set_registered_model_alias(name, alias, version)
     finally:
         mlflow.set_tracking_uri(None)  # clears the global and the variable
         if previous_env is not None:
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
-    return version
+    return int(info.registered_model_version)
 
 
 def model_version_exists(config: Config, name: str, version: int) -> bool:
@@ -62,5 +92,5 @@ def model_version_exists(config: Config, name: str, version: int) -> bool:
         return True
     except MlflowException as err:
         if err.error_code != "RESOURCE_DOES_NOT_EXIST":
-            log.warning("could not look up %s version %s (%s); registering again", name, version, err)
+            log.warning("could not look up %s version %s (%s); registering again", name, version, redact(str(err)))
         return False
