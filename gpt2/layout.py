@@ -63,9 +63,10 @@ def data_step_dir(config: Config, step: str) -> Path:
     return config.runtime.work_root / "data" / name
 
 
-def shard_cache_dir(config: Config, dataset_name: str) -> Path:
-    """Local copies of a remote root's shards, for the trainer."""
-    return config.runtime.work_root / "shards" / dataset_name
+def shard_cache_dir(config: Config, dataset_name: str, fingerprint: str) -> Path:
+    """Local copies of a remote root's shards, for the trainer: one directory
+    per dataset identity, files named by content (gpt2.data.loader)."""
+    return config.runtime.work_root / "shards" / f"{dataset_name}-{fingerprint[:HASH_CHARS]}"
 
 
 # --- training runs and checkpoints ----------------------------------------

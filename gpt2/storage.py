@@ -4,7 +4,10 @@ Writes are atomic, so a reader never sees a partial file under its final name.
 On object stores (GCS, S3, Azure) an object only becomes visible once its
 upload completes, so bytes go straight to the final name; a temporary name
 plus a move would cost a server-side copy (GCS has no atomic rename). Other
-filesystems get a temporary name beside the target, then a rename.
+filesystems get a temporary name beside the target, then a rename; on a
+local disk the bytes are fsynced before the rename and the directory after
+it, so a power loss or a kernel crash leaves the old file or the new one,
+never a renamed file whose blocks never reached the disk.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -101,7 +105,46 @@ def _commit(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> None:
         raise
 
 
+def fsync_file(path: str | Path) -> None:
+    """Flush a local file's bytes to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename or a new name in a local directory durable."""
+    try:
+        fsync_file(path)
+    except OSError:  # some filesystems refuse fsync on a directory: nothing more to do there
+        pass
+
+
+def replace_durably(tmp: str | Path, final: str | Path) -> None:
+    """Rename a finished local temporary file to its final name, durably."""
+    fsync_file(tmp)
+    os.replace(tmp, final)
+    fsync_dir(os.path.dirname(os.path.abspath(final)))
+
+
+def _write_local(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)  # a full disk raises here: the old file stays
+        replace_durably(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_bytes_atomic(url: str, data: bytes) -> None:
+    local = local_path(url)
+    if local is not None:
+        _write_local(local, data)
+        return
     fs, path = filesystem(url)
     if _writes_atomically(fs):
         fs.pipe_file(path, data)
@@ -151,11 +194,13 @@ def create_exclusive(url: str, data: bytes) -> None:
     if local is not None:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
-        tmp.write_bytes(data)
         try:
+            tmp.write_bytes(data)
+            fsync_file(tmp)
             os.link(tmp, local)
         finally:
-            tmp.unlink()
+            tmp.unlink(missing_ok=True)
+        fsync_dir(local.parent)
         return
     fs, path = filesystem(url)
     fs.pipe_file(path, data, mode="create")
@@ -163,6 +208,16 @@ def create_exclusive(url: str, data: bytes) -> None:
 
 def put_file_atomic(local: str | Path, url: str) -> None:
     """Upload a local file to `url`; nothing appears under `url` until it is whole."""
+    dest = local_path(url)
+    if dest is not None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            shutil.copyfile(local, tmp)
+            replace_durably(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
     fs, path = filesystem(url)
     if _writes_atomically(fs):
         fs.put_file(str(local), path)
@@ -186,7 +241,7 @@ def get_file(url: str, local: str | Path) -> None:
     fs, path = filesystem(url)
     try:
         fs.get_file(path, str(tmp))
-        os.replace(tmp, local)
+        replace_durably(tmp, local)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import fsspec
 import pytest
 
 # No network here or in CI: no telemetry, no hub lookups.
@@ -58,3 +63,38 @@ def prose_docs():
     for key in sorted(topics):
         docs += [p for p in topics[key].split("\n\n") if len(p.strip()) > 40]
     return [{"text": t, "id": i} for i, t in enumerate(docs)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gcs_emulator(monkeypatch):
+    """A real GCS JSON-API emulator on loopback, used through gcsfs."""
+    pytest.importorskip("gcsfs")
+    exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+    if not os.path.exists(exe):
+        pytest.skip("gcp-storage-emulator is not installed (pip install -e .[dev])")
+    port = _free_port()
+    proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+        monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
+        fsspec.filesystem("gcs").clear_instance_cache()
+        fs = fsspec.filesystem("gcs", skip_instance_cache=True)
+        fs.mkdir("gpt2-test-bucket")
+        yield "gs://gpt2-test-bucket/prefix"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -9,8 +9,11 @@ global too, so a checkpoint resumed on another number of GPUs continues with
 exactly the same global batches.
 
 Shards under a local root are memory-mapped in place; remote shards are
-downloaded once into the work directory and checked against the manifest's
-sha256 before use.
+downloaded once into the work directory, named by their content (the
+manifest's sha256), and checksummed once: a record beside the copy remembers
+the verified sha256, size and mtime, so a second dataset with the same name
+and sizes can never be served the first one's bytes. Every shard's ids are
+checked against GPT-2's vocabulary when it is opened.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ class ShardSource:
         if local is not None:
             verify_shard(url, entry)
             return read_shard(local)
-        cached = self.cache_dir / entry.path
+        cached = self.cache_dir / cached_name(entry)
         # One process per machine downloads; the others wait for it.
         if self.env.local_rank == 0:
             self._fetch(url, entry, cached)
@@ -68,19 +71,52 @@ class ShardSource:
         return read_shard(cached)
 
     def _fetch(self, url: str, entry: ShardEntry, cached: Path) -> None:
+        if _verified_before(cached, entry):
+            return
         if cached.exists():
             try:
-                verify_shard(storage.normalize_url(str(cached)), entry)
+                _verify_and_remember(cached, entry)
                 return
             except ShardError as err:
                 log.warning("cached shard %s is damaged (%s); downloading it again", cached, err)
         log.info("downloading shard %s -> %s", url, cached)
         storage.get_file(url, cached)
         try:
-            verify_shard(storage.normalize_url(str(cached)), entry, checksum=True)
-        except ShardError:
+            _verify_and_remember(cached, entry)
+        except ShardError as err:
             cached.unlink(missing_ok=True)
-            raise
+            # The copy is gone; name the shard in the root, which is what is wrong.
+            raise ShardError(str(err).replace(storage.normalize_url(str(cached)), url)) from None
+
+
+def cached_name(entry: ShardEntry) -> str:
+    """A remote shard's local name: its content hash first, then its name."""
+    return f"{entry.sha256[:32]}-{entry.path}"
+
+
+def _verified_record(cached: Path) -> Path:
+    return cached.with_name(cached.name + ".verified")
+
+
+def _fingerprint_of_file(cached: Path, entry: ShardEntry) -> dict:
+    st = cached.stat()
+    return {"sha256": entry.sha256, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _verified_before(cached: Path, entry: ShardEntry) -> bool:
+    """Whether this very file (same size and mtime) was checksummed against
+    `entry`'s sha256 before; a file changed since then is checked again."""
+    record = storage.read_record(str(_verified_record(cached)))
+    try:
+        return record == _fingerprint_of_file(cached, entry)
+    except FileNotFoundError:
+        return False
+
+
+def _verify_and_remember(cached: Path, entry: ShardEntry) -> None:
+    _verified_record(cached).unlink(missing_ok=True)
+    verify_shard(storage.normalize_url(str(cached)), entry, checksum=True)
+    storage.write_record(str(_verified_record(cached)), _fingerprint_of_file(cached, entry))
 
 
 class TrainLoader:

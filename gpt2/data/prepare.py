@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.data.download import download_source
+from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import verify_manifest
 from gpt2.data.shard import shard_tokens
 from gpt2.data.tokenize import Progress, tokenize_source
@@ -54,7 +55,10 @@ def prepare_data(config: Config, progress: Progress | None = None, show_progress
     """All four steps in this process; returns at once when already complete."""
     url = layout.manifest(config)
     if storage.exists(url):
-        return summarize(url)
+        try:
+            return summarize(url)
+        except ShardError as err:  # a torn manifest or a damaged shard: the steps below repair it
+            log.warning("existing data is damaged, rebuilding what is missing: %s", err)
     t0 = time.perf_counter()
     source = download_source(config)
     tok = tokenize_source(config, source, progress, show_progress)

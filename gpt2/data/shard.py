@@ -8,7 +8,6 @@ written last.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -86,9 +85,10 @@ def shard_tokens(config: Config, tok: Tokenized) -> LocalShards:
         name = f"{config.data.name}_{split}_{index:06d}.bin"
         tmp = directory / f".{name}.tmp"
         with open(tmp, "wb") as f:
-            sha = write_shard(f, pieces)
-        os.replace(tmp, directory / name)
-        entries.append(ShardEntry(path=name, split=split, tokens=n, bytes=(directory / name).stat().st_size, sha256=sha))
+            sha = write_shard(f, pieces, name)
+        storage.replace_durably(tmp, directory / name)
+        size = (directory / name).stat().st_size
+        entries.append(ShardEntry(path=name, split=split, tokens=n, bytes=size, sha256=sha))
     result = LocalShards(directory=str(directory), shards=entries, documents=tok.documents)
     storage.write_record(str(done_file), result.model_dump(mode="json"))
     return result

@@ -213,7 +213,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     if env.is_distributed:
         model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
 
-    source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name), env)
+    source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
     loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
     if ckpt and "loader" in ckpt.state:
         loader.load_state_dict(ckpt.state["loader"])

@@ -64,6 +64,17 @@ def test_damaged_root_is_rebuilt(prefect_server, flow_args):
     assert data_flow(**flow_args())["cached"] is True
 
 
+def test_torn_manifest_is_rebuilt(prefect_server, flow_args):
+    from flows.data import data_flow
+
+    first = data_flow(**flow_args())
+    path = local_path(first["manifest"])
+    path.write_bytes(path.read_bytes()[:100])  # killed mid-write on a filesystem without atomic renames
+    repaired = data_flow(**flow_args())
+    assert repaired["cached"] is False and repaired["manifest"] == first["manifest"]
+    assert load_manifest(first["manifest"]).total_tokens == first["total_tokens"]
+
+
 def _cli(args: list[str], api_url: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONUNBUFFERED": "1"}
     gpt2 = Path(sys.executable).with_name("gpt2")

@@ -3,11 +3,6 @@ GCS emulator on loopback; uploads stay atomic when one fails midway."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import fsspec
 import pytest
@@ -90,41 +85,6 @@ def test_normalize_url_makes_local_paths_absolute(tmp_path, monkeypatch):
     assert storage.normalize_url("artifacts") == f"file://{tmp_path}/artifacts"
     assert storage.normalize_url("file://./artifacts") == f"file://{tmp_path}/artifacts"
     assert storage.normalize_url("gs://b/p/") == "gs://b/p"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gcs_emulator(monkeypatch):
-    """A real GCS JSON-API emulator on loopback, used through gcsfs."""
-    pytest.importorskip("gcsfs")
-    exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-    if not os.path.exists(exe):
-        pytest.skip("gcp-storage-emulator is not installed (pip install -e .[dev])")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-        monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
-        fsspec.filesystem("gcs").clear_instance_cache()
-        fs = fsspec.filesystem("gcs", skip_instance_cache=True)
-        fs.mkdir("gpt2-test-bucket")
-        yield "gs://gpt2-test-bucket/prefix"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_prepare_to_gcs_emulator(gcs_emulator, tmp_path):
