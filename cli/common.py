@@ -11,6 +11,7 @@ import typer
 
 from gpt2.config import Config
 from gpt2.overrides import ConfigError, resolve_config
+from gpt2.secrets import redact
 
 PresetOpt = typer.Option("smoke", "--preset", "-p", help="Named preset: smoke or gpt2-124m.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set train.max_steps=100 (repeatable).")
@@ -50,7 +51,7 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def fail(message: str, code: int = 1) -> None:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    typer.secho(f"error: {redact(message)}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code)
 
 

@@ -135,11 +135,12 @@ def run(
 
 
 def where_things_are(config, result: dict[str, Any]) -> str:
+    from gpt2.secrets import redact
     from gpt2.tracking import default_tracking_uri
 
     hs = result.get("hellaswag") or {}
     cached = ", ".join(result["cached_stages"]) or "none"
-    uri = default_tracking_uri(config)
+    uri = redact(default_tracking_uri(config))
     ui = (f"mlflow ui --backend-store-uri {uri}  # then open http://127.0.0.1:5000"
           if uri.startswith("sqlite:") else uri)
     lines = [

@@ -22,6 +22,7 @@ from prefect.deployments import run_deployment
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
+from gpt2.secrets import redact, url_has_credentials
 from gpt2.tracking import default_tracking_uri
 
 # Stage name -> deployment (prefect.yaml is the single source of these).
@@ -47,6 +48,12 @@ def stage_overrides(config: Config, overrides: dict[str, Any]) -> dict[str, Any]
     pinned = {**overrides, "runtime.root": layout.root(config)}
     if config.tracking.enabled:
         pinned["tracking.uri"] = default_tracking_uri(config)
+        if url_has_credentials(pinned["tracking.uri"]):
+            # Pinned URIs travel as Prefect parameters, shown in the UI and logs.
+            raise TrackingNotShared(
+                f"$MLFLOW_TRACKING_URI ({redact(pinned['tracking.uri'])}) carries credentials, which the pipeline "
+                "would copy into every stage's Prefect parameters: set it without them and give each worker "
+                "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead")
         if layout.local_root(config) is None and pinned["tracking.uri"].startswith("sqlite:"):
             raise TrackingNotShared(
                 f"the artifact root {layout.root(config)} is remote, so the stages run on other machines, but "

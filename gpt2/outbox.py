@@ -14,6 +14,8 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from gpt2.secrets import redact
+
 log = logging.getLogger(__name__)
 
 Send = Callable[[Any], None]
@@ -106,10 +108,11 @@ class Outbox:
                         self._points.popleft()
         except Exception as err:  # noqa: BLE001 - an outage must never reach the producer
             if self.outage is None:
-                first = str(err).splitlines()[0][:300] if str(err) else ""
+                # MLflow's REST errors quote the full URL, credentials included.
+                first = redact(str(err).splitlines()[0])[:300] if str(err) else ""
                 log.warning("%s unavailable (%s: %s); continuing, records are kept and retried",
                             self.name, type(err).__name__, first)
-            self.outage = str(err)
+            self.outage = redact(str(err))
             return False
         if self.outage is not None:
             log.warning("%s reachable again; buffered records sent", self.name)

@@ -19,6 +19,14 @@ def test_root_and_tracking_are_pinned_as_the_parent_resolved_them(tmp_path, monk
     assert stage_overrides(config, {})["tracking.uri"] == "http://mlflow.internal:5000"
 
 
+def test_a_tracking_uri_with_credentials_is_never_copied_into_stage_parameters(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://ops:hunter2-secret@mlflow.internal")
+    config = resolve_config("smoke", {}, root=str(tmp_path / "root"))
+    with pytest.raises(TrackingNotShared, match="carries credentials.*MLFLOW_TRACKING_USERNAME") as err:
+        stage_overrides(config, {})
+    assert "hunter2-secret" not in str(err.value)
+
+
 def test_a_remote_root_with_a_local_store_fails_at_once(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     config = resolve_config("smoke", {}, root="gs://bucket/gpt2")

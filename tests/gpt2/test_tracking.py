@@ -103,3 +103,19 @@ def test_messages_show_the_tracking_uri_redacted(tmp_path, monkeypatch):
     tracker = Tracker(tiny_config(tmp_path), "off", enabled=False)
     assert tracker.uri == "https://alice:s3cr3t@mlflow.example.com"
     assert tracker.safe_uri == "https://alice:***@mlflow.example.com"
+
+
+def test_an_outage_warning_never_prints_the_uris_password(tmp_path, monkeypatch, caplog):
+    # MLflow's REST errors quote the request URL, userinfo included.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: connections are refused
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:s3cr3t@127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    tracker = Tracker(tiny_config(tmp_path), "outage", flush_interval_s=0.2, connect_timeout_s=2)
+    tracker.log_metrics({"loss": 1.0}, step=1)
+    assert not tracker.flush(timeout=2.0)
+    assert "unavailable" in caplog.text and "127.0.0.1" in caplog.text
+    assert "s3cr3t" not in caplog.text and "s3cr3t" not in (tracker._outbox.outage or "")
