@@ -57,6 +57,9 @@ class DataConfig(_Section):
     """Stop after this many documents (trial runs); None reads everything."""
     max_tokens: int | None = Field(None, ge=1)
     """Stop once this many tokens are written (trial runs); None reads everything."""
+    max_document_chars: int = Field(1_000_000, ge=1)
+    """Documents longer than this many characters are truncated to it (and counted in
+    the tokenize step's log): bounds one document's tokenizer time and memory."""
     shard_size: int = Field(100_000_000, ge=1024, le=2**31 - 1)
     """Tokens per shard file (llm.c uses 1e8)."""
     val_tokens: int = Field(100_000_000, ge=1)

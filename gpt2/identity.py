@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpt2.config import Config
+from gpt2.config import Config, DataConfig
 
 # Bump when a change to the code changes results for the same config, so old
 # caches and shard directories are not reused by mistake.
@@ -33,8 +33,19 @@ def fingerprint(obj: Any, length: int = 16) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
+# Keys added to DataConfig after data was first prepared, with the value the
+# older code behaved as: at that value a key is left out of the identity, so
+# data prepared before the key existed keeps its fingerprint and its address.
+# max_document_chars: the older code did not cut documents, so at the default
+# the tokens differ only for a source holding a document over 1M characters
+# (about 250k tokens); such data is kept, with that document whole.
+ADDED_DATA_KEYS = {"max_document_chars": DataConfig.model_fields["max_document_chars"].default}
+
+
 def data_identity(config: Config) -> dict:
-    ident = {"data": config.data.model_dump(mode="json"), "format": DATA_FORMAT_VERSION}
+    data = config.data.model_dump(mode="json")
+    data = {k: v for k, v in data.items() if k not in ADDED_DATA_KEYS or v != ADDED_DATA_KEYS[k]}
+    ident = {"data": data, "format": DATA_FORMAT_VERSION}
     if config.data.source.startswith("builtin:"):
         # A built-in sample's text comes from the installed Python: hash it so
         # another Python version never reuses shards made from other text.
@@ -49,7 +60,7 @@ def data_identity(config: Config) -> dict:
 # but never re-downloads.
 DATA_STEP_FIELDS = {
     "download": ("source",),
-    "tokenize": ("source", "text_field", "max_documents", "max_tokens", "tokenizer"),
+    "tokenize": ("source", "text_field", "max_documents", "max_tokens", "max_document_chars", "tokenizer"),
 }
 
 
@@ -58,7 +69,7 @@ def data_step_fingerprint(config: Config, step: str) -> str:
     ident = data_identity(config)
     fields = DATA_STEP_FIELDS.get(step)
     if fields is not None:
-        ident = {**ident, "data": {k: ident["data"][k] for k in fields}}
+        ident = {**ident, "data": {k: ident["data"][k] for k in fields if k in ident["data"]}}
     return fingerprint({"step": step if fields else "all", **ident})
 
 

@@ -3,7 +3,9 @@
 Parts are sealed every `runtime.tokenize_part_tokens` tokens, each with its
 record, so a killed run resumes after the last complete part; the step's own
 record (`done.json`) is written last. The worker pool that encodes the
-documents is gpt2.data.tokenize_pool.
+documents is gpt2.data.tokenize_pool. Documents longer than
+`data.max_document_chars` are truncated to it before they reach a worker, and
+counted.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -41,6 +44,8 @@ class Tokenized(BaseModel):
     documents: int
     tokens: int
     parts: list[str]
+    truncated: int = 0
+    """Documents cut to data.max_document_chars (0 in records older than the key)."""
 
 
 def tokenized_ok(tok: Tokenized) -> bool:
@@ -80,17 +85,18 @@ class _PartWriter:
 
     def __init__(self, directory: Path, parts: list[dict], part_tokens: int):
         self.directory, self.parts, self.part_tokens = directory, parts, part_tokens
-        self.file, self.docs, self.tokens = None, 0, 0
+        self.file, self.docs, self.tokens, self.truncated = None, 0, 0, 0
 
     @property
     def _tmp(self) -> Path:
         return self.directory / f"part_{len(self.parts):06d}.bin.tmp"
 
-    def write(self, n_docs: int, arr: np.ndarray) -> None:
+    def write(self, n_docs: int, arr: np.ndarray, truncated: int = 0) -> None:
         if self.file is None:
-            self.file = open(self._tmp, "wb")
+            self.file = open(self._tmp, "wb")  # noqa: SIM115 - open across writes, closed by seal()/close()
         self.file.write(arr.tobytes())
         self.docs, self.tokens = self.docs + n_docs, self.tokens + len(arr)
+        self.truncated += truncated
         if self.tokens >= self.part_tokens:
             self.seal()
 
@@ -101,10 +107,10 @@ class _PartWriter:
         self.file = None
         name = f"part_{len(self.parts):06d}"
         os.replace(self._tmp, self.directory / f"{name}.bin")
-        info = {"file": f"{name}.bin", "documents": self.docs, "tokens": self.tokens}
+        info = {"file": f"{name}.bin", "documents": self.docs, "tokens": self.tokens, "truncated": self.truncated}
         storage.write_record(str(self.directory / f"{name}.json"), info)
         self.parts.append(info)
-        self.docs = self.tokens = 0
+        self.docs = self.tokens = self.truncated = 0
 
     def close(self) -> None:
         if self.file is not None:  # an unsealed part is redone on the next run
@@ -120,6 +126,34 @@ def _limited(batches: Iterator[list[str]], max_docs: int | None) -> Iterator[lis
             yield texts
         if max_docs == 0:
             return
+
+
+class _Truncator:
+    """Cuts documents to data.max_document_chars: a worker's time and memory
+    grow with a document's length (up to ~50 bytes a character on long runs
+    without whitespace), so one huge document could stall or kill it."""
+
+    def __init__(self, max_chars: int, first_doc: int):
+        self.max_chars, self.doc, self.total = max_chars, first_doc, 0
+        # Documents cut in each batch passed on, oldest first: tokenize_stream
+        # answers every batch once, in order, so take() pairs with its results.
+        self.cut: deque[int] = deque()
+
+    def __call__(self, batches: Iterator[list[str]]) -> Iterator[list[str]]:
+        for texts in batches:
+            long = [i for i, t in enumerate(texts) if len(t) > self.max_chars]
+            if long and not self.total:
+                log.warning("document %d has %d characters; keeping its first data.max_document_chars=%d "
+                            "(further cuts are counted)", self.doc + long[0], len(texts[long[0]]), self.max_chars)
+            if long:
+                texts = [t[: self.max_chars] for t in texts]
+            self.cut.append(len(long))
+            self.total += len(long)
+            self.doc += len(texts)
+            yield texts
+
+    def take(self) -> int:
+        return self.cut.popleft()
 
 
 SMALL_CORPUS_BYTES = 16 << 20
@@ -150,17 +184,20 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
         log.info("resuming tokenization after %d documents (%d tokens) in %d parts", docs, tokens, len(parts))
     max_docs, max_tokens = config.data.max_documents, config.data.max_tokens
     total_docs = min(filter(None, (sources.count_documents(source), max_docs)), default=None)
-    batches = _limited(
+    truncate = _Truncator(config.data.max_document_chars, docs)
+    batches = truncate(_limited(
         sources.iter_text_batches(source, config.data.text_field, skip=docs),
         None if max_docs is None else max_docs - docs,
-    )
+    ))
     writer = _PartWriter(directory, parts, config.runtime.tokenize_part_tokens)
     bar = _TokenizeBar(show_progress, total_docs, docs, tokens)
     try:
-        for n_docs, arr in tokenize_stream(batches, _workers(config, source)):
+        # A worker's death raises here; the finally below keeps every part
+        # sealed so far, and the rerun resumes after them.
+        for n_docs, arr in tokenize_stream(batches, _workers(config, source), first_document=docs):
             if max_tokens is not None:
                 arr = arr[: max_tokens - tokens]  # exact cut: independent of batching
-            writer.write(n_docs, arr)
+            writer.write(n_docs, arr, truncate.take())
             docs, tokens = docs + n_docs, tokens + len(arr)
             bar.update(n_docs, tokens)
             if progress:
@@ -175,7 +212,12 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
         raise EmptyCorpusError(
             f"data.source {config.data.source!r} yielded no documents; check the URL/glob and data.text_field"
         )
-    result = Tokenized(directory=str(directory), documents=docs, tokens=tokens, parts=[p["file"] for p in parts])
+    truncated = sum(p.get("truncated", 0) for p in parts)
+    if truncated:
+        log.warning("%d documents were longer than data.max_document_chars=%d characters and were truncated to it",
+                    truncated, config.data.max_document_chars)
+    result = Tokenized(directory=str(directory), documents=docs, tokens=tokens, parts=[p["file"] for p in parts],
+                       truncated=truncated)
     storage.write_record(str(done_file), result.model_dump(mode="json"))
     return result
 
