@@ -7,8 +7,10 @@ Prefect server, an MLflow server, and one process worker per work pool.
     gpt2 stack down
 
 `up` switches the Prefect profile to `gpt2-local` so that `prefect` commands
-talk to this server (a PREFECT_API_URL set in the environment still wins);
-`down` switches back to the profile that was active before.
+talk to this server with its auth string (a PREFECT_API_URL or
+PREFECT_API_AUTH_STRING set in the environment still wins); `down` switches
+back to the profile that was active before. The UI asks for the auth string,
+which lives in the stack directory's `prefect-auth` file.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ def _say(message: str) -> None:
     typer.echo(message, err=True)  # progress on stderr keeps stdout for --json
 
 
+def _warn_shell_overrides(api_url: str, auth: str | None) -> None:
+    for name, value in (("PREFECT_API_URL", api_url), ("PREFECT_API_AUTH_STRING", auth)):
+        if os.environ.get(name) not in (None, value):
+            _say(f"note: {name} is set in this shell and wins over the profile; unset it to reach the stack")
+
+
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
        as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
@@ -54,10 +62,10 @@ def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, m
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = services.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
-    if os.environ.get("PREFECT_API_URL") not in (None, result["prefect_api_url"]):
-        _say("note: PREFECT_API_URL is set in this shell and wins over the profile; unset it to reach the stack")
+    _warn_shell_overrides(result["prefect_api_url"], services.read_auth(_state_dir(state_dir)))
     emit(result, as_json, "\n".join([
         f"Prefect UI:  {result['prefect_ui_url']}   (profile {result['profile']} is now active)",
+        f"login:       the auth string in {result['prefect_auth_file']}",
         f"MLflow UI:   {result['mlflow_url']}",
         f"artifacts:   {result['root']}",
         f"logs:        {Path(result['state_dir']) / 'logs'}",
@@ -82,6 +90,7 @@ def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> 
     lines = [f"{'healthy' if result['healthy'] else 'NOT healthy' if result['up'] else 'not up'}",
              f"Prefect API: {result['prefect_api_url']}", f"MLflow:      {result['mlflow_url']}",
              f"artifacts:   {result['root']}"]
+    lines += [f"auth string: {result['prefect_auth_file']}"] if result["up"] else []
     lines += [f"{name:12} {'ok' if p['alive'] and p.get('healthy', True) else 'DOWN'} (pid {p['pid']}, log {p['log']})"
               for name, p in result["parts"].items()]
     emit(result, as_json, "\n".join(lines))

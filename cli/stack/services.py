@@ -5,9 +5,11 @@ as background processes on free loopback ports.
     gpt2 stack status    # health of each part
     gpt2 stack down      # stop what `up` started, restore the previous profile
 
-State (stack.json, logs, the Prefect and MLflow SQLite databases) lives in
-$GPT2_STACK_DIR, default ~/.cache/gpt2-pipeline/stack; `down` keeps the
-databases, so the next `up` shows earlier runs.
+State (stack.json, logs, the Prefect and MLflow SQLite databases, the Prefect
+server's auth string) lives in $GPT2_STACK_DIR, default
+~/.cache/gpt2-pipeline/stack, a directory only its owner can read; `down` keeps
+the databases and the auth string, so the next `up` shows earlier runs and
+browsers and workers that hold the string stay logged in.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
+import stat
 import sys
 import time
 from pathlib import Path
@@ -24,12 +28,54 @@ from cli.stack import prefect_setup, processes
 from flows import deployment_file
 
 STATE_FILE = "stack.json"
+AUTH_FILE = "prefect-auth"  # the Prefect server's auth string, `user:password` as the UI's login form expects
+AUTH_USER = "gpt2"
 SERVER_START_S = 120  # ~11 s on an idle 2-core machine; far more while MLflow starts beside it
 MLFLOW_START_S = 120
 
 
 def default_state_dir() -> Path:
     return Path(os.environ.get("GPT2_STACK_DIR") or Path.home() / ".cache" / "gpt2-pipeline" / "stack")
+
+
+def _private_dir(state_dir: Path) -> None:
+    """Create the stack directory owner-only (0700), or tighten an existing one:
+    it holds the auth string, the databases and logs full of parameters.
+
+    A directory that is not the user's own, or a sticky one (such as /tmp), is
+    shared with others: refuse it rather than lock them out of it."""
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = state_dir.stat()
+    if info.st_uid != os.getuid() or info.st_mode & stat.S_ISVTX:
+        raise processes.ServiceError(f"{state_dir} is shared with other users; give the stack a directory of its own "
+                                     "(--state-dir or $GPT2_STACK_DIR)")
+    if info.st_mode & 0o077:
+        state_dir.chmod(0o700)
+
+
+def _auth_string(state_dir: Path) -> str:
+    """The stack's auth string: made once per stack directory (owner-only file)
+    and kept, so that a browser's login and remote workers survive `down`/`up`.
+    Delete the file to change it."""
+    path = state_dir / AUTH_FILE
+    if not read_auth(state_dir):
+        tmp = state_dir / f"{AUTH_FILE}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(out.fileno(), 0o600)  # a leftover tmp may have had any mode
+            out.write(f"{AUTH_USER}:{secrets.token_urlsafe(32)}\n")
+        tmp.replace(path)  # never a half-written string under the real name
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    return read_auth(state_dir)
+
+
+def read_auth(state_dir: Path) -> str | None:
+    """The auth string of the stack in `state_dir`, None if it has none."""
+    try:
+        return (state_dir / AUTH_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:
@@ -83,30 +129,46 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def _start_servers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
-    logs = state_dir / "logs"
-    port, mport = processes.free_port(), processes.free_port()
+def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> dict[str, str]:
+    return {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}",
+            # SQLite serializes writers; on a busy machine the default 10 s wait
+            # loses event messages (and with them automation firings).
+            "PREFECT_API_DATABASE_TIMEOUT": "60",
+            # Every request but /health needs the auth string (the UI asks for it
+            # in a login form); state-changing ones also a CSRF token, which
+            # Prefect's clients and the UI fetch by themselves.
+            "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true",
+            # The UI asks /ui-settings where the API is; left alone, that is the
+            # default 127.0.0.1:4200, not this server's port.
+            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_UI_URL": f"http://127.0.0.1:{port}"}
+
+
+def _start_server(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:
+    port = processes.free_port()
     state["prefect_ui_url"] = f"http://127.0.0.1:{port}"
     state["prefect_api_url"] = f"http://127.0.0.1:{port}/api"
-    state["mlflow_url"] = f"http://127.0.0.1:{mport}"
-    server_env = {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}",
-                  # SQLite serializes writers; on a busy machine the default 10 s wait
-                  # loses event messages (and with them automation firings).
-                  "PREFECT_API_DATABASE_TIMEOUT": "60"}
     state["processes"].append(processes.start(
         "server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        server_env, state_dir, logs))
+        _server_env(env, state_dir, port, auth), state_dir, state_dir / "logs"))
+
+
+def _start_mlflow(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
+    mport = processes.free_port()
+    state["mlflow_url"] = f"http://127.0.0.1:{mport}"
     store, artifacts = _mlflow_store(state["root"], state_dir)
     state["processes"].append(processes.start(
-        "mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mport), "--workers", "1",
-                   "--backend-store-uri", store, "--serve-artifacts", "--artifacts-destination", artifacts],
-        env, state_dir, logs))
+        "mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mport),
+                   "--workers", "1", "--backend-store-uri", store, "--serve-artifacts",
+                   "--artifacts-destination", artifacts],
+        env, state_dir, state_dir / "logs"))
 
 
-def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
+def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:
     from gpt2.config import ROOT_ENV
 
-    worker_env = {**env, "PREFECT_API_URL": state["prefect_api_url"], "MLFLOW_TRACKING_URI": state["mlflow_url"],
+    # The worker hands its Prefect settings (auth string included) on to each flow run it starts.
+    worker_env = {**env, **prefect_setup.client_env(state["prefect_api_url"], auth),
+                  "MLFLOW_TRACKING_URI": state["mlflow_url"],
                   ROOT_ENV: state["root"],  # deployment runs write under the stack's root
                   deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR),
                   "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
@@ -121,14 +183,14 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str]) 
                                                   deployment_file.PROJECT_DIR, state_dir / "logs"))
 
 
-def _wait_pools_ready(api_url: str, timeout: float) -> None:
+def _wait_pools_ready(api_url: str, auth: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(s == "READY" for s in prefect_setup.pool_status(api_url).values()):
+        if all(s == "READY" for s in prefect_setup.pool_status(api_url, auth).values()):
             return
         time.sleep(1)
     raise processes.ServiceError(f"workers did not start polling within {timeout:.0f} s: "
-                                 f"{prefect_setup.pool_status(api_url)}")
+                                 f"{prefect_setup.pool_status(api_url, auth)}")
 
 
 def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -142,7 +204,7 @@ def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployme
     `root` is the artifact root whose MLflow store the server serves (default:
     where the deployments write by default); runs with another
     `runtime.root` log to that root's own store."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(state_dir)
     with open(state_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second `up` at the same time waits, then finds this stack
         existing = read_state(state_dir)
@@ -172,22 +234,23 @@ def _start(state_dir: Path, root: str | None, max_reschedules: int, say: Callabl
 
 
 def _up(state: dict[str, Any], state_dir: Path, max_reschedules: int, say: Callable[[str], None]) -> None:
-    env = _base_env()
+    env, auth = _base_env(), _auth_string(state_dir)
     say("starting the Prefect server and the MLflow server")
-    _start_servers(state, state_dir, env)
+    _start_server(state, state_dir, env, auth)
+    _start_mlflow(state, state_dir, env)
     _write_state(state_dir, state)  # from here on, `down` can stop what was started
     api, procs = state["prefect_api_url"], _procs(state)
-    processes.wait_http(procs["server"], f"{api}/health", SERVER_START_S)
+    processes.wait_http(procs["server"], f"{api}/health", SERVER_START_S)  # /health needs no auth string
     say("creating work pools and automations")
-    prefect_setup.create_pools(api)
-    state["automations"] = prefect_setup.apply_automations(api, max_reschedules)
-    _start_workers(state, state_dir, env)
+    prefect_setup.create_pools(api, auth)
+    state["automations"] = prefect_setup.apply_automations(api, auth, max_reschedules)
+    _start_workers(state, state_dir, env, auth)
     _write_state(state_dir, state)
     say("deploying prefect.yaml")
-    prefect_setup.deploy_all(api, env, str(state_dir / "logs" / "deploy.log"))
+    prefect_setup.deploy_all(api, auth, env, str(state_dir / "logs" / "deploy.log"))
     processes.wait_http(procs["mlflow"], f"{state['mlflow_url']}/health", MLFLOW_START_S)
-    _wait_pools_ready(api, 60)
-    state["previous_profile"] = prefect_setup.use_profile(api)
+    _wait_pools_ready(api, auth, 60)
+    state["previous_profile"] = prefect_setup.use_profile(api, auth)
     _write_state(state_dir, state)
 
 
@@ -218,7 +281,8 @@ def status(state_dir: Path) -> dict[str, Any]:
         parts["server"]["healthy"] = processes.http_ok(f"{state['prefect_api_url']}/health")
     if "mlflow" in parts:
         parts["mlflow"]["healthy"] = processes.http_ok(f"{state['mlflow_url']}/health")
-    pools = prefect_setup.pool_status(state["prefect_api_url"]) if parts.get("server", {}).get("healthy") else {}
+    healthy_server = parts.get("server", {}).get("healthy")
+    pools = prefect_setup.pool_status(state["prefect_api_url"], read_auth(state_dir)) if healthy_server else {}
     for pool in prefect_setup.LOCAL_POOLS:
         if f"worker-{pool}" in parts:
             part = parts[f"worker-{pool}"]
@@ -228,4 +292,5 @@ def status(state_dir: Path) -> dict[str, Any]:
     healthy = expected <= set(parts) and all(p["alive"] and p.get("healthy", True) for p in parts.values())
     keys = ("prefect_api_url", "prefect_ui_url", "mlflow_url", "root", "state_dir", "profile", "automations")
     return {"up": True, "healthy": healthy, **{k: state.get(k) for k in keys},
-            "active_profile": prefect_setup.active_profile(), "parts": parts}
+            "prefect_auth_file": str(state_dir / AUTH_FILE), "active_profile": prefect_setup.active_profile(),
+            "parts": parts}

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -64,7 +65,8 @@ def deployment_run(stack, params: dict) -> str:
 def client(stack):
     from cli.stack.prefect_setup import client as stack_client
 
-    return stack_client(stack["prefect_api_url"])
+    # The stack's server answers only requests that carry its auth string.
+    return stack_client(stack["prefect_api_url"], Path(stack["prefect_auth_file"]).read_text().strip())
 
 
 def wait_final(stack, run_id: str, timeout: float = PIPELINE_TIMEOUT_S):

@@ -3,6 +3,7 @@ commands as separate processes on loopback, in a fresh $HOME."""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,7 @@ def home(tmp_path):
     (home / ".prefect").mkdir(parents=True)
     (home / ".prefect" / "profiles.toml").write_text(
         'active = "mine"\n\n[profiles.mine]\nPREFECT_LOGGING_LEVEL = "WARNING"\n')
+    (home / ".prefect" / "profiles.toml").chmod(0o644)  # a user's own file, readable by others
     yield home
     gpt2(clean_env(home), tmp_path, "stack", "down", check=False)  # whatever the test left running
 
@@ -34,15 +36,28 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _api_view(api_url: str) -> dict:
+def _api_view(api_url: str, auth: str) -> dict:
     from cli.stack.prefect_setup import client
 
-    with client(api_url) as c:
+    with client(api_url, auth) as c:
         pools = c.read_work_pools()
         return {"pools": {p.name: p.base_job_template for p in pools},
                 "limits": {p.name: p.concurrency_limit for p in pools},
                 "automations": {a.name: a for a in c.read_automations()},
                 "workers": {pool: [w.name for w in c.read_workers_for_work_pool(pool)] for pool in ("cpu", "gpu")}}
+
+
+def _assert_private(up: dict, home: Path) -> str:
+    """The stack directory and its auth file are owner-only; the profile that
+    carries the auth string to `prefect` commands became owner-only too."""
+    state_dir, auth_file = Path(up["state_dir"]), Path(up["prefect_auth_file"])
+    assert auth_file.parent == state_dir and stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+    auth = auth_file.read_text().strip()
+    profiles = home / ".prefect" / "profiles.toml"
+    assert stat.S_IMODE(profiles.stat().st_mode) == 0o600
+    assert f'PREFECT_API_AUTH_STRING = "{auth}"' in profiles.read_text()
+    return auth
 
 
 def test_up_status_down_in_a_fresh_home(home, tmp_path):
@@ -54,6 +69,7 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     assert up["prefect_api_url"].startswith("http://127.0.0.1:") and up["mlflow_url"].startswith("http://127.0.0.1:")
     assert up["root"] == f"file://{tmp_path / 'root'}"
     assert Path(up["state_dir"]) == home / ".cache" / "gpt2-pipeline" / "stack"
+    auth = _assert_private(up, home)
     assert all(part["healthy"] for part in up["parts"].values()) and len(up["parts"]) == 4
     pids = {name: part["pid"] for name, part in up["parts"].items()}
 
@@ -68,7 +84,7 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     assert {"cpu", "gpu"} <= set(prefect(env, cwd, "work-pool", "ls").split())
     listed = prefect(env, cwd, "deployment", "ls")
     assert all(name in listed for name in DEPLOYMENTS), listed
-    view = _api_view(up["prefect_api_url"])
+    view = _api_view(up["prefect_api_url"], auth)
     assert view["pools"]["gpu"] == deployment_file.pool_template("process-gpu")
     assert view["pools"]["cpu"] == deployment_file.pool_template("process-cpu")
     assert view["limits"] == {"cpu": None, "gpu": 1}
@@ -83,6 +99,6 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     assert not [p for p in started if _running(p)]
     assert not processes.http_ok(f"{up['prefect_api_url']}/health", timeout=1)
     profiles = (home / ".prefect" / "profiles.toml").read_text()
-    assert 'active = "mine"' in profiles and "gpt2-local" not in profiles
+    assert 'active = "mine"' in profiles and "gpt2-local" not in profiles and auth not in profiles
     after = gpt2(env, cwd, "stack", "status", "--json", check=False)
     assert after.returncode == 1 and not last_json(after)["up"]
