@@ -19,8 +19,9 @@ from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.data.download import source_ok
+from gpt2.data.download import download_ok
 from gpt2.data.llmc import ShardError
+from gpt2.data.disk import remove_intermediates
 from gpt2.data.manifest import load_manifest
 from gpt2.data.prepare import summarize
 from gpt2.data.shard import local_shards_ok
@@ -50,13 +51,16 @@ def run_data_stage(config: Config) -> dict[str, Any]:
     # outputs and recompute a step whose cached result lost its files.
     check = (lambda _: True) if complete else None
     steps = {}
-    src, steps["download"] = run_cached(download, config, valid=check or source_ok)
+    src, steps["download"] = run_cached(download, config, valid=check or (lambda s: download_ok(config, s)))
     tok, steps["tokenize"] = run_cached(tokenize, config, src, valid=check or tokenized_ok)
+    remove_intermediates(config, "tokenize")  # what runtime.keep_intermediate does not keep
     loc, steps["shard"] = run_cached(shard, config, tok, valid=check or local_shards_ok)
+    remove_intermediates(config, "shard")
     if complete:
         url, steps["upload"] = run_cached(upload, config, loc, src)
     else:  # the root lacks (part of) the result: upload again, whatever the cache says
         url, steps["upload"] = bind(upload, config, refresh=True)(config, loc, src), False
+    remove_intermediates(config, "upload")
     result = summarize(url).model_dump()
     result["cached"] = all(steps.values())
     result["cached_steps"] = sorted(k for k, v in steps.items() if v)

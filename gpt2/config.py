@@ -174,6 +174,13 @@ class RuntimeConfig(_Section):
     pool, no GPU capacity) fails the pipeline with a message saying so."""
     lease_wait_s: float = Field(0.0, ge=0)
     """How long a trainer waits for a run held by another before refusing (0: refuse at once)."""
+    keep_intermediate: Literal["inputs", "all", "none"] = "inputs"
+    """Local copies the data stage keeps once its output is safe: `inputs` keeps the
+    downloaded source and the token parts (new limits or a new data.shard_size redo
+    only what they change) and removes the local shards once they are in the root;
+    `all` keeps everything; `none` removes each copy once the next step has its output
+    (least disk; new limits re-download, a new shard size re-tokenizes). The data stage
+    checks the local disk it needs for the chosen mode before it starts."""
 
     @property
     def work_root(self) -> Path:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpt2 import layout, storage
 from gpt2.config import Config
+from gpt2.data.disk import remove_intermediates
 from gpt2.data.download import download_source
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import verify_manifest
@@ -62,7 +63,10 @@ def prepare_data(config: Config, progress: Progress | None = None, show_progress
     t0 = time.perf_counter()
     source = download_source(config)
     tok = tokenize_source(config, source, progress, show_progress)
+    remove_intermediates(config, "tokenize")
     local = shard_tokens(config, tok)
+    remove_intermediates(config, "shard")
     upload_shards(config, local, source)
+    remove_intermediates(config, "upload")
     log.info("data stage finished in %.1fs: %d tokens", time.perf_counter() - t0, tok.tokens)
     return summarize(url)

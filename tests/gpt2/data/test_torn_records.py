@@ -66,6 +66,7 @@ def test_a_damaged_part_record_is_redone(tmp_path, corpus, clean, how):
 @pytest.mark.parametrize("step", ["tokenize", "shard"])
 @pytest.mark.parametrize("how", ["empty", "torn"])
 def test_a_damaged_step_record_is_redone(tmp_path, corpus, clean, step, how):
+    corpus = {**corpus, "runtime.keep_intermediate": "all"}  # the local shards' record stays too
     config = _config(tmp_path, corpus, "run")
     url = prepare.prepare_data(config, show_progress=False).manifest
     local_path(url).unlink()  # killed before the upload finished
