@@ -11,7 +11,6 @@ counted.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -106,7 +105,7 @@ class _PartWriter:
         self.file.close()
         self.file = None
         name = f"part_{len(self.parts):06d}"
-        os.replace(self._tmp, self.directory / f"{name}.bin")
+        storage.replace_durably(self._tmp, self.directory / f"{name}.bin")  # durable before its record
         info = {"file": f"{name}.bin", "documents": self.docs, "tokens": self.tokens, "truncated": self.truncated}
         storage.write_record(str(self.directory / f"{name}.json"), info)
         self.parts.append(info)
