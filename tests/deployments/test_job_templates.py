@@ -83,6 +83,9 @@ def test_kubernetes_job_is_a_spot_gpu_job_never_retried_by_kubernetes(prefect_se
     assert env.items() >= HEARTBEAT.items()
     # backoffLimit 0 is what makes the worker tell the run to reschedule itself on SIGTERM (eviction).
     assert env["PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR"] == "reschedule"
+    # Room for the SIGTERM checkpoint on a drain; the image's ENTRYPOINT (tini) stays: the command is args.
+    assert pod["terminationGracePeriodSeconds"] == 120
+    assert "command" not in container and container["args"] == ["prefect", "flow-run", "execute"]
 
 
 def test_kubernetes_template_requires_an_image():
@@ -121,4 +124,6 @@ def test_vertex_job_is_a_spot_accelerator_job_never_retried_by_vertex(prefect_se
                                          "machine_type": "g2-standard-12"}
     assert pool_spec["container_spec"]["image_uri"] == "registry.example/gpt2:1"
     assert config.job_spec["scheduling"] == {"strategy": "SPOT", "disable_retries": True}
+    # Vertex's command replaces the ENTRYPOINT, so tini (SIGTERM to Python) is named in it.
+    assert pool_spec["container_spec"]["command"] == ["/usr/bin/tini", "--", "prefect", "flow-run", "execute"]
     assert config.env.items() >= HEARTBEAT.items()
