@@ -28,6 +28,10 @@ GPU_HEARTBEAT_S = 30
 PROJECT_DIR_ENV = "GPT2_PROJECT_DIR"
 RESCHEDULE_AUTOMATION = "gpt2-reschedule-preempted"
 DEFAULT_MAX_RESCHEDULES = 3
+ZOMBIE_AUTOMATION = "gpt2-zombie-runs"
+DEFAULT_ZOMBIE_AFTER_S = 90
+MIN_ZOMBIE_AFTER_S = 60
+"""Two missed 30 s heartbeats: a shorter window calls a run alive but slow to report a zombie."""
 
 
 def pool_template(name: str) -> dict[str, Any]:
@@ -45,9 +49,14 @@ def run_counts(max_reschedules: int) -> list[str]:
     return [str(n) for n in range(1, max_reschedules + 1)]
 
 
-def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES) -> list[dict[str, Any]]:
+def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES,
+                zombie_after_s: int = DEFAULT_ZOMBIE_AFTER_S) -> list[dict[str, Any]]:
     """Every automation under deployments/automations/, the reschedule one capped at
-    `max_reschedules` (0 disables it: no run count matches)."""
+    `max_reschedules` (0 disables it: no run count matches), the zombie one
+    marking a watched run Crashed after `zombie_after_s` without a heartbeat."""
+    if zombie_after_s < MIN_ZOMBIE_AFTER_S:
+        raise ValueError(f"the zombie window must be at least {MIN_ZOMBIE_AFTER_S} s (two missed 30 s heartbeats); "
+                         f"got {zombie_after_s}")
     found = []
     for path in _automation_files():
         spec = yaml.safe_load(path.read_text())
@@ -55,6 +64,12 @@ def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES) -> list[dict[str
             counts = run_counts(max_reschedules)
             spec["trigger"]["match"]["prefect.run-count"] = counts
             spec["enabled"] = bool(counts)
+        if spec["name"] == ZOMBIE_AUTOMATION:
+            default = spec["trigger"]["within"]
+            spec["trigger"]["within"] = zombie_after_s
+            for holder in (spec, spec["actions"][0]):
+                key = "description" if holder is spec else "message"
+                holder[key] = holder[key].replace(f"{default} s", f"{zombie_after_s} s")
         found.append(spec)
     return found
 

@@ -22,7 +22,7 @@ from typing import Optional
 import typer
 
 from cli.common import JsonOpt, emit, fail
-from flows.deployment_file import DEFAULT_MAX_RESCHEDULES
+from flows.deployment_file import DEFAULT_MAX_RESCHEDULES, DEFAULT_ZOMBIE_AFTER_S, MIN_ZOMBIE_AFTER_S
 
 app = typer.Typer(help="A local Prefect server, MLflow server and workers (the cloud architecture, on loopback).",
                   no_args_is_help=True)
@@ -33,6 +33,10 @@ RootOpt = typer.Option(None, "--root", help="Artifact root whose MLflow store th
                        "project's ./artifacts, where deployment runs write unless they set runtime.root).")
 ReschedulesOpt = typer.Option(DEFAULT_MAX_RESCHEDULES, "--max-reschedules", min=0,
                               help="How many times a crashed (preempted) GPU run is rescheduled; 0: never.")
+ZombieOpt = typer.Option(DEFAULT_ZOMBIE_AFTER_S, "--zombie-after", min=MIN_ZOMBIE_AFTER_S,
+                         help="Seconds without a heartbeat after which a GPU run (or the pipeline's parent) is "
+                              "marked Crashed and rescheduled. Raise it where networks are flaky: a false alarm "
+                              "reschedules a run that is still training (its lease keeps the two apart).")
 
 
 def _state_dir(path: Optional[Path]) -> Path:
@@ -52,13 +56,13 @@ def _warn_shell_overrides(api_url: str, auth: str | None) -> None:
 
 
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
-       as_json: bool = JsonOpt) -> None:
+       zombie_after_s: int = ZombieOpt, as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
     from cli.stack import services
     from cli.stack.processes import ServiceError
 
     try:
-        state = services.up(_state_dir(state_dir), root, max_reschedules, say=_say)
+        state = services.up(_state_dir(state_dir), root, max_reschedules, say=_say, zombie_after_s=zombie_after_s)
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = services.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}

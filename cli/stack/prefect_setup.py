@@ -100,13 +100,14 @@ def create_pools(api_url: str, auth: str) -> None:
             c.create_work_pool(spec, overwrite=True)
 
 
-def apply_automations(api_url: str, auth: str, max_reschedules: int) -> list[str]:
+def apply_automations(api_url: str, auth: str, max_reschedules: int,
+                      zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S) -> list[str]:
     """Create every automation, replacing ones of the same name; returns their names."""
     from prefect.events.schemas.automations import AutomationCore
 
     names = []
     with client(api_url, auth) as c:
-        for spec in deployment_file.automations(max_reschedules):
+        for spec in deployment_file.automations(max_reschedules, zombie_after_s):
             for old in c.read_automations_by_name(spec["name"]):
                 c.delete_automation(old.id)
             c.create_automation(AutomationCore.model_validate(spec))

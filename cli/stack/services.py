@@ -198,7 +198,8 @@ def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES,
-       say: Callable[[str], None] = print) -> dict[str, Any]:
+       say: Callable[[str], None] = print,
+       zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S) -> dict[str, Any]:
     """Start the stack, or return the running one; stops a half-dead one first.
 
     `root` is the artifact root whose MLflow store the server serves (default:
@@ -214,10 +215,11 @@ def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployme
         if existing:
             say("stopping the leftovers of an earlier stack")
             down(state_dir)
-        return _start(state_dir, root, max_reschedules, say)
+        return _start(state_dir, root, (max_reschedules, zombie_after_s), say)
 
 
-def _start(state_dir: Path, root: str | None, max_reschedules: int, say: Callable[[str], None]) -> dict[str, Any]:
+def _start(state_dir: Path, root: str | None, watch: tuple[int, int], say: Callable[[str], None]) -> dict[str, Any]:
+    """`watch`: (max_reschedules, zombie_after_s) for the automations."""
     from gpt2 import storage
 
     state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(),
@@ -225,7 +227,7 @@ def _start(state_dir: Path, root: str | None, max_reschedules: int, say: Callabl
                              "profile": prefect_setup.PROFILE, "previous_profile": prefect_setup.active_profile(),
                              "processes": []}
     try:
-        _up(state, state_dir, max_reschedules, say)
+        _up(state, state_dir, watch, say)
     except BaseException:
         _write_state(state_dir, state)
         down(state_dir)
@@ -233,7 +235,7 @@ def _start(state_dir: Path, root: str | None, max_reschedules: int, say: Callabl
     return state
 
 
-def _up(state: dict[str, Any], state_dir: Path, max_reschedules: int, say: Callable[[str], None]) -> None:
+def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int], say: Callable[[str], None]) -> None:
     env, auth = _base_env(), _auth_string(state_dir)
     say("starting the Prefect server and the MLflow server")
     _start_server(state, state_dir, env, auth)
@@ -243,7 +245,7 @@ def _up(state: dict[str, Any], state_dir: Path, max_reschedules: int, say: Calla
     processes.wait_http(procs["server"], f"{api}/health", SERVER_START_S)  # /health needs no auth string
     say("creating work pools and automations")
     prefect_setup.create_pools(api, auth)
-    state["automations"] = prefect_setup.apply_automations(api, auth, max_reschedules)
+    state["automations"] = prefect_setup.apply_automations(api, auth, *watch)
     _start_workers(state, state_dir, env, auth)
     _write_state(state_dir, state)
     say("deploying prefect.yaml")

@@ -19,7 +19,7 @@ from prefect.states import Crashed, Pending, Running
 
 from flows import deployment_file
 
-RESCHEDULE, ZOMBIE = deployment_file.RESCHEDULE_AUTOMATION, "gpt2-zombie-runs"
+RESCHEDULE, ZOMBIE = deployment_file.RESCHEDULE_AUTOMATION, deployment_file.ZOMBIE_AUTOMATION
 
 
 def _specs(max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES) -> dict[str, dict]:
@@ -69,6 +69,15 @@ def test_cap_is_a_setting():
     assert not off["enabled"] and not _trigger(RESCHEDULE, 0).covers(_event("prefect.flow-run.Crashed", 1))
     with pytest.raises(ValueError):
         deployment_file.automations(-1)
+
+
+def test_zombie_window_is_a_setting():
+    assert _trigger(ZOMBIE).within.total_seconds() == deployment_file.DEFAULT_ZOMBIE_AFTER_S
+    spec = {s["name"]: s for s in deployment_file.automations(zombie_after_s=600)}[ZOMBIE]
+    assert ServerAutomationCore.model_validate(spec).trigger.within.total_seconds() == 600
+    assert "600 s" in spec["actions"][0]["message"] and "600 s" in spec["description"]
+    with pytest.raises(ValueError, match="at least 60 s"):
+        deployment_file.automations(zombie_after_s=30)
 
 
 def test_zombie_watch_covers_heartbeats_of_gpu_runs_and_the_parent_only():
