@@ -17,6 +17,13 @@ generation exists. A trainer that was paused past the lease's time and came
 back finds a later generation and stops without writing anything. A lease
 not renewed for `ttl` seconds is stale and may be taken over; a live one
 makes a second trainer refuse at once, naming the holder (or wait for it).
+
+Staleness compares the holder's wall clock (`renewed_at`) with the reader's,
+so machines sharing a root need clocks within a small part of the ttl (NTP,
+as every cloud VM has). Skew only costs time, never the run: a holder whose
+clock runs behind may see its lease taken over early, and the fencing check
+then stops it before its next checkpoint; one whose clock runs ahead keeps a
+dead lease live for longer. A record dated in the future is logged.
 """
 
 from __future__ import annotations
@@ -102,8 +109,13 @@ class Lease:
         return gens[-1], storage.read_record(self._url(gens[-1]))
 
     def _live(self, record: dict | None, now: float) -> bool:
-        return (record is not None and not _dead_here(record)
-                and now - float(record.get("renewed_at", 0)) < float(record.get("ttl_s", self.ttl_s)))
+        if record is None or _dead_here(record):
+            return False
+        age = now - float(record.get("renewed_at", 0))
+        if age < -self.ttl_s / 4:
+            log.warning("lease %s was renewed %.0f s in this machine's future: the two clocks disagree "
+                        "(sync them with NTP); %s", self.directory, -age, describe(record, now))
+        return age < float(record.get("ttl_s", self.ttl_s))
 
     def try_acquire(self) -> str | None:
         """Take the lease if it is free or stale; else the holder's description."""

@@ -147,3 +147,15 @@ def test_the_same_flow_run_waits_for_its_own_earlier_attempt(lease_dir):
     with pytest.raises(LeaseHeld):  # another flow run is refused at once
         Lease(lease_dir, ttl_s=0.6, flow_run_id="run-2").acquire()
     again.release()
+
+
+def test_a_lease_dated_in_the_future_is_live_and_the_skew_is_named(tmp_path, caplog):
+    lease_dir = storage.normalize_url(str(tmp_path / "run" / "lease"))
+    holder = Lease(lease_dir, ttl_s=60, flow_run_id="ahead")
+    holder.generation = 1
+    record = json.loads(holder._record(time.time() + 600))  # a holder whose clock runs 10 min ahead
+    record["holder"]["host"] = "another-machine"
+    storage.create_exclusive(storage.join(lease_dir, "000001.json"), json.dumps(record).encode())
+    with pytest.raises(LeaseHeld, match="flow run ahead"):
+        Lease(lease_dir, ttl_s=60).acquire()
+    assert "in this machine's future" in caplog.text and "NTP" in caplog.text
