@@ -1,7 +1,10 @@
 """Named presets: plain functions returning a full `Config`.
 
 `smoke` runs the whole pipeline on a CPU, offline, in minutes (tests and CI use
-it); `gpt2-124m` is the llm.c recipe for GPT-2 (124M) on FineWeb-edu 10BT.
+it); `gpt2-124m` trains GPT-2 (124M) with llm.c's hyperparameters (batch, schedule,
+AdamW settings) on FineWeb-edu sample-10BT, the data of Karpathy's build-nanogpt
+(llm.c's own 124M run used FineWeb 10B, not the edu subset, so its HellaSwag
+curve is a reference, not a target to match step for step).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from gpt2.config import Config, DataConfig, EvalConfig, ExportConfig, ModelConfi
 
 
 def gpt2_124m() -> Config:
-    # Every default of the tree is the llm.c recipe; spelled out for the reader.
+    # llm.c's hyperparameters, spelled out for the reader; the data is FineWeb-edu (see above).
     return Config(
         preset="gpt2-124m",
         model=ModelConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),

@@ -15,7 +15,7 @@ per pass. The prompt, tokenization and metrics are lm-eval's
 In the training loop (pass the unwrapped model; wrap the call in autocast to
 score in bf16):
 
-    items = load_items(config.eval.hellaswag_source, config.eval.limit)
+    items = prepare(load_items(config.eval.hellaswag_source, config.eval.limit))  # tokenized once
     metrics = evaluate_hellaswag(model, items, device, config.eval.batch_size)
 """
 
@@ -87,16 +87,48 @@ def judge(item: Item, scores: Sequence[ContinuationScore]) -> ItemScore:
     )
 
 
-def score_items(model: nn.Module, items: Sequence[Item], device: torch.device | str, batch_size: int = 8) -> list[ItemScore]:
+@dataclass(frozen=True)
+class Prepared:
+    """Items with their ending requests tokenized, in scoring order: the
+    training loop prepares the 10,042 items once and scores them at every
+    evaluation, instead of tokenizing 40k requests each time."""
+
+    items: tuple[Item, ...]
+    requests: tuple[list[tuple[list[int], list[int]]], ...]
+    order: tuple[int, ...]
+    """Longest items first: items of similar length share a batch, less padding."""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def subset(self, indices: Sequence[int]) -> "Prepared":
+        """The items at `indices` (e.g. one rank's share), still tokenized."""
+        keep = list(indices)
+        items, reqs = tuple(self.items[i] for i in keep), tuple(self.requests[i] for i in keep)
+        return Prepared(items, reqs, _longest_first(reqs))
+
+
+def _longest_first(reqs: Sequence[list[tuple[list[int], list[int]]]]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(reqs)), key=lambda i: -sum(len(c) + len(k) for c, k in reqs[i])))
+
+
+def prepare(items: Sequence[Item] | Prepared) -> Prepared:
+    if isinstance(items, Prepared):
+        return items
+    enc = get_encoding("gpt2")
+    reqs = tuple(item_requests(enc, item) for item in items)
+    return Prepared(tuple(items), reqs, _longest_first(reqs))
+
+
+def score_items(model: nn.Module, items: Sequence[Item] | Prepared, device: torch.device | str,
+                batch_size: int = 8) -> list[ItemScore]:
     """Per-item scores, `batch_size` items per forward pass. Our GPT scores the
     four endings of an item in one packed sequence (`gpt2.hellaswag.packed`);
     another model, or an item longer than the window, as four rows."""
-    enc, device = get_encoding("gpt2"), torch.device(device)
+    prepared, device = prepare(items), torch.device(device)
+    items, reqs, order = prepared.items, prepared.requests, prepared.order
     max_len = model.config.block_size
     packable = isinstance(getattr(model, "_orig_mod", model), GPT)
-    reqs = [item_requests(enc, item) for item in items]
-    # Longest items first: items of similar length share a batch, less padding.
-    order = sorted(range(len(items)), key=lambda i: -sum(len(c) + len(k) for c, k in reqs[i]))
     out: list[ItemScore | None] = [None] * len(items)
     with eval_mode(model):
         for start in range(0, len(order), batch_size):
@@ -126,9 +158,11 @@ def summarize(scored: Sequence[ItemScore]) -> dict[str, float]:
     }
 
 
-def evaluate_hellaswag(model: nn.Module, items: Sequence[Item], device: torch.device | str, batch_size: int = 8) -> dict[str, float]:
-    """HellaSwag metrics of `model` on `items`: acc, acc_norm,
-    acc_norm_per_token, n, plus the scorer's throughput (items_per_s)."""
+def evaluate_hellaswag(model: nn.Module, items: Sequence[Item] | Prepared, device: torch.device | str,
+                       batch_size: int = 8) -> dict[str, float]:
+    """HellaSwag metrics of `model` on `items` (or items prepared once with
+    `prepare`): acc, acc_norm, acc_norm_per_token, n, plus the scorer's
+    throughput (items_per_s)."""
     if not items:
         raise ValueError("no HellaSwag items to score")
     t0 = time.perf_counter()

@@ -103,3 +103,16 @@ def test_packed_endings_score_as_separate_rows(items):
         assert [x.n_tokens for x in a.scores] == [x.n_tokens for x in b.scores]
         assert [x.greedy for x in a.scores] == [x.greedy for x in b.scores]
         assert [x.logprob for x in a.scores] == pytest.approx([x.logprob for x in b.scores], abs=2e-4)
+
+
+def test_items_prepared_once_score_as_raw_items_and_split_by_rank(model, items):
+    from gpt2.hellaswag.scorer import prepare
+
+    prepared = prepare(items)
+    assert prepare(prepared) is prepared  # already tokenized: nothing redone
+    assert score_items(model, prepared, "cpu", batch_size=3) == score_items(model, items, "cpu", batch_size=3)
+    ranks = [prepared.subset(range(r, len(items), 2)) for r in range(2)]
+    assert sum(len(p) for p in ranks) == len(items)
+    split = [s for p in ranks for s in score_items(model, p, "cpu", batch_size=3)]
+    whole = score_items(model, items, "cpu", batch_size=3)
+    assert sorted(map(repr, split)) == sorted(map(repr, whole))
