@@ -41,6 +41,49 @@ def gpt2_124m() -> Config:
     )
 
 
+def _larger_gpt2(name: str, depth: int, width: int, heads: int, data: DataConfig, total_batch_tokens: int,
+                 max_steps: int, lr: float, min_lr_ratio: float, checkpoint_every: int) -> Config:
+    """A larger GPT-2 with the settings of llm.c's scripts/run_gpt2_<size>.sh:
+    depth/width/heads (its `-e dNN` models), batch (-d), steps (-x), peak and
+    final learning rate (-l, -q), warmup 700 (-u), weight decay 0.1 (-c),
+    checkpoints (-n), validation and HellaSwag every 250 steps (-v, -h).
+    llm.c fits them with ZeRO-1 (-z 1); here `micro_batch_size=auto` finds
+    what fits and gradient accumulation fills the global batch."""
+    return Config(
+        preset=name,
+        model=ModelConfig(n_layer=depth, n_head=heads, n_embd=width, block_size=1024, vocab_size=50304),
+        data=data,
+        train=TrainConfig(total_batch_tokens=total_batch_tokens, micro_batch_size="auto", max_steps=max_steps,
+                          lr=lr, min_lr_ratio=min_lr_ratio, warmup_steps=700, weight_decay=0.1,
+                          betas=(0.9, 0.95), grad_clip=1.0, checkpoint_every=checkpoint_every),
+        eval=EvalConfig(hellaswag_source="hf://datasets/Rowan/hellaswag", every_steps=250),
+        export=ExportConfig(registered_model=name),
+    )
+
+
+# llm.c trains 350M and 774M on FineWeb's 100B sample and 1558M on FineWeb-edu's.
+FINEWEB_100B = DataConfig(name="fineweb_100B", source="hf://datasets/HuggingFaceFW/fineweb/sample/100BT/*.parquet",
+                          shard_size=100_000_000, val_tokens=100_000_000)
+FINEWEB_EDU_100B = DataConfig(name="fineweb_edu_100B",
+                              source="hf://datasets/HuggingFaceFW/fineweb-edu/sample/100BT/*.parquet",
+                              shard_size=100_000_000, val_tokens=100_000_000)
+
+
+def gpt2_350m() -> Config:
+    # d24; 60,000 steps × 524,288 tokens ≈ 31.5B tokens
+    return _larger_gpt2("gpt2-350m", 24, 1024, 16, FINEWEB_100B, 524_288, 60_000, 3e-4, 0.0, 2000)
+
+
+def gpt2_774m() -> Config:
+    # d36; 286,102 steps × 524,288 tokens ≈ 150B tokens (more than the 100B sample holds: epochs repeat)
+    return _larger_gpt2("gpt2-774m", 36, 1280, 20, FINEWEB_100B, 524_288, 286_102, 2.5e-4, 0.0, 4000)
+
+
+def gpt2_1558m() -> Config:
+    # d48; 32,000 steps × 1,048,576 tokens ≈ 33.5B tokens
+    return _larger_gpt2("gpt2-1558m", 48, 1600, 25, FINEWEB_EDU_100B, 1_048_576, 32_000, 6e-4, 0.1, 2000)
+
+
 def smoke() -> Config:
     # Tiny everything: the ~110k-token Python docs sample, a 2-layer model,
     # enough steps for several checkpoints, all on one CPU core in minutes.
@@ -73,4 +116,6 @@ def smoke() -> Config:
     )
 
 
-PRESETS: dict[str, Callable[[], Config]] = {"gpt2-124m": gpt2_124m, "smoke": smoke}
+PRESETS: dict[str, Callable[[], Config]] = {
+    "gpt2-124m": gpt2_124m, "gpt2-350m": gpt2_350m, "gpt2-774m": gpt2_774m, "gpt2-1558m": gpt2_1558m, "smoke": smoke,
+}

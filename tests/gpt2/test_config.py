@@ -195,3 +195,22 @@ def test_redact_keeps_what_names_the_secret():
     # No scheme, no credential: scp-style git remotes and e-mail addresses stay.
     assert redact("git@github.com:org/repo.git, mail alice@example.com") == (
         "git@github.com:org/repo.git, mail alice@example.com")
+
+
+@pytest.mark.parametrize(("name", "params_m", "tokens_b"), [
+    ("gpt2-124m", 124, 10.0), ("gpt2-350m", 355, 31.5), ("gpt2-774m", 774, 150.0), ("gpt2-1558m", 1558, 33.6)])
+def test_gpt2_presets_have_the_sizes_of_their_names(name, params_m, tokens_b):
+    """Parameter counts of OpenAI's GPT-2 sizes (the tied embedding counted
+    once, at GPT-2's 50257 rows), and llm.c's token budgets (steps × batch)."""
+    import torch
+
+    from gpt2.model import GPT
+
+    config = resolve_config(name)
+    with torch.device("meta"):  # no memory: 1.5B parameters would take 6 GB
+        model = GPT(config.model)
+    padding = (config.model.vocab_size - 50257) * config.model.n_embd
+    total = model.num_params(non_embedding=False) - padding
+    assert total / 1e6 == pytest.approx(params_m, rel=0.01)
+    assert config.train.max_steps * config.train.total_batch_tokens / 1e9 == pytest.approx(tokens_b, rel=0.02)
+    assert config.train.micro_batch_size == "auto" and config.train.warmup_steps == 700
