@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import config, stages
+from cli import config, plan, stages
 from cli.stack import commands as stack_commands
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ app.command("evaluate")(stages.evaluate)
 app.command("export")(stages.export)
 app.add_typer(stack_commands.app, name="stack")
 app.command("run")(stages.run)
+app.command("plan")(plan.plan)
 
 
 def main() -> None:

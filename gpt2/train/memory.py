@@ -91,3 +91,29 @@ def probe_limit_mb(device: torch.device, limit_mb: int | None) -> int | None:
     import psutil
 
     return int(psutil.virtual_memory().available * 0.8) // MB
+
+
+# Bytes per token per channel and block that an eager bf16-autocast training
+# step keeps for backward (flash attention, so nothing grows with T²): the fp32
+# inputs of both LayerNorms (4 + 4), the bf16 inputs of the attention and MLP
+# input projections (2 + 2), q/k/v (6), the attention output and its contiguous
+# copy (2 + 2), the MLP's pre-GELU (8) and post-GELU (8) activations; once per
+# token, the final LayerNorm's fp32 input and the head's bf16 input (4 + 2).
+ACTIVATION_BYTES_PER_CHANNEL = 38
+# Per token and vocabulary entry at the loss: bf16 logits, their fp32 copy,
+# log-softmax's fp32 output, and its gradient during backward.
+LOGIT_BYTES_PER_ENTRY = 12
+# Per parameter: fp32 weights, gradients and AdamW's two moments (as in
+# static_bytes), plus autocast's bf16 copy of the weights.
+STATIC_BYTES_PER_PARAM = 4 * 4 + 2
+FRAGMENTATION = 1.1  # the caching allocator's slack over the tensors it holds
+RESERVED_BYTES = 1 << 30  # CUDA context, cuBLAS workspaces
+
+
+def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: int, tokens: int) -> int:
+    """Estimated peak GPU memory of one eager bf16 training step (forward,
+    backward, AdamW) over `tokens` = micro-batch × block_size tokens: what the
+    micro-batch search (gpt2.train.step.find_micro_batch) would find fits.
+    An estimate for planning only; the search itself runs real steps."""
+    per_token = (ACTIVATION_BYTES_PER_CHANNEL * n_layer + 6) * n_embd + LOGIT_BYTES_PER_ENTRY * vocab_size
+    return int(RESERVED_BYTES + STATIC_BYTES_PER_PARAM * n_params + FRAGMENTATION * per_token * tokens)

@@ -33,15 +33,28 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """The device's peak bf16 FLOP/s, or None when unknown (CPU, MPS, new GPUs)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+# Memory in GiB of the GPUs `gpt2 plan` knows, by the name it accepts (the
+# peak comes from the table above, matched the same way as a device name).
+GPU_MEMORY_GIB: dict[str, float] = {
+    "H100": 80, "H100 PCIe": 80, "H100 NVL": 94, "H200": 141, "H800": 80, "GH200": 96, "B200": 180,
+    "A100": 80, "A100-80GB": 80, "A100-40GB": 40, "A800": 80,
+    "L40S": 48, "L40": 48, "L4": 24, "A10G": 24, "A10": 24, "RTX 4090": 24, "RTX 3090": 24,
+}
+
+
+def peak_flops_of(name: str) -> float | None:
+    """Peak bf16 FLOP/s for a GPU or CUDA device name: the first table key it contains."""
     for key, flops in PEAK_BF16_FLOPS:
         if key in name:
             return flops
     return None
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's peak bf16 FLOP/s, or None when unknown (CPU, MPS, new GPUs)."""
+    if device.type != "cuda":
+        return None
+    return peak_flops_of(torch.cuda.get_device_name(device))
 
 
 def mfu(flops_per_token: float, tokens_per_second_per_device: float, peak: float | None) -> float | None:

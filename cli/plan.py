@@ -1,0 +1,86 @@
+"""`gpt2 plan`: what a run will cost, before anyone rents a GPU.
+
+    gpt2 plan --preset gpt2-124m --gpu H100 --gpus 8 --price-per-hour 25
+    gpt2 plan --preset gpt2-124m --gpu A100-40GB --set train.max_steps=5000 --json
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config
+
+
+def plan(
+    preset: str = PresetOpt,
+    sets: Optional[list[str]] = SetOpt,
+    root: Optional[str] = RootOpt,
+    gpu: str = typer.Option("H100", "--gpu", help="GPU model, e.g. H100, H200, A100-40GB, A100-80GB, L4, L40S."),
+    gpus: Optional[int] = typer.Option(
+        None, "--gpus", help="GPUs training together (default: runtime.nproc_per_node when a number, else 1)."),
+    price: Optional[float] = typer.Option(
+        None, "--price-per-hour", help="Price of the whole machine per hour; without it the cost is not given."),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="Assumed model FLOPs utilization (default 0.4)."),
+    list_source: bool = typer.Option(
+        False, "--list-source", help="List a remote data.source to size it (network, credentials); "
+        "by default a remote source's size is estimated from the tokens trained."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
+    from gpt2.errors import UserError
+    from gpt2.plan import ASSUMED_MFU, make_plan
+
+    config = load_config(preset, sets, root)
+    nproc = config.runtime.nproc_per_node
+    count = gpus if gpus is not None else (nproc if isinstance(nproc, int) else 1)
+    try:
+        result = make_plan(config, gpu, count, price, ASSUMED_MFU if mfu is None else mfu, list_source)
+    except UserError as err:
+        fail(str(err))
+    emit(result, as_json, describe(result))
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB"
+
+
+def describe(p: dict[str, Any]) -> str:
+    """The plan as a short table for people."""
+    micro = p["micro_batch_size"]
+    how = "auto, estimated" if p["micro_batch_auto"] else "set"
+    if micro:
+        micro_line = (f"{micro} sequences ({how}; ~{p['gpu_memory_bytes_estimated'] / 2**30:.1f} of "
+                      f"{p['gpu_memory_gib']:g} GiB), {p['accumulation_steps']} accumulation step(s)")
+    else:
+        micro_line = (f"none fits ({how}): 1 sequence needs ~{p['gpu_memory_bytes_estimated'] / 2**30:.1f} GiB "
+                      f"of {p['gpu_memory_gib']:g} GiB")
+    kept = p["checkpoints_kept"]
+    node_ckpt = ("+ the checkpoints (local root)" if p["checkpoints_on_gpu_node"]
+                 else "(checkpoints go to the remote root)")
+    data_tokens = f"{'~' if p['data_tokens_estimated'] else ''}{p['data_tokens'] / 1e9:.2f}B"
+    cost = (f"{p['cost']:,.2f} at {p['price_per_hour']:,.2f}/h for the machine" if p["cost"] is not None
+            else "no --price-per-hour given")
+    rows = [
+        ("model", f"{p['params'] / 1e6:,.1f}M parameters, {p['flops_per_token'] / 1e9:.2f} GFLOP per token trained"),
+        ("GPUs", f"{p['gpus']} x {p['gpu']} ({p['peak_flops'] / 1e12:,.0f} TFLOP/s dense bf16, "
+                 f"{p['gpu_memory_gib']:g} GiB each)"),
+        ("tokens", f"{p['tokens']:,} ({p['steps']:,} steps x {p['total_batch_tokens']:,} tokens)"),
+        ("micro-batch", micro_line),
+        ("checkpoints", f"{p['checkpoints']} written, {kept} kept, {_gb(p['checkpoint_bytes'])} each "
+                        "(weights + AdamW state)"),
+        ("data", f"{data_tokens} tokens prepared (source size {p['source_size']})"),
+        ("disk, data VM", f"{_gb(p['disk_data_vm_bytes'])} at the data stage's peak "
+                          f"(runtime.keep_intermediate={p['keep_intermediate']})"),
+        ("disk, GPU node", f"{_gb(p['disk_gpu_node_bytes'])}: {_gb(p['shard_bytes'])} of shards {node_ckpt}"),
+        ("throughput", f"{p['tokens_per_second']:,.0f} tokens/s at an assumed {p['assumed_mfu']:.0%} MFU"),
+        ("time", f"{p['hours']:,.2f} h ({p['validation_passes']} validation passes included)"),
+        ("GPU-hours", f"{p['gpu_hours']:,.2f}"),
+        ("cost", cost),
+    ]
+    width = max(len(name) for name, _ in rows) + 2
+    lines = [f"plan for preset {p['preset']} (estimates, nothing was run)"]
+    lines += [f"  {name + ':':<{width}}{value}" for name, value in rows]
+    lines.append(f"  counted: {p['counted']}; not counted: {p['not_counted']}")
+    return "\n".join(lines)

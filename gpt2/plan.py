@@ -1,0 +1,198 @@
+"""What a training run will cost, worked out before anyone rents a GPU (`gpt2 plan`).
+
+From a config and a GPU choice: tokens and steps, checkpoints and their size,
+local disk on the data VM and on the GPU node, the micro-batch `auto` is
+expected to pick, and the time, GPU-hours and price at an assumed MFU.
+
+Time = FLOPs / (peak dense bf16 FLOP/s × GPUs × MFU), with FLOPs per token from
+gpt2.model (6·N + 12·L·C·T, the MFU convention of gpt2.train.throughput).
+Counted: the training steps and the validation passes (forward only, a third
+of a training step's FLOPs per token). Not counted: start-up, compilation, the
+micro-batch probe, checkpoint writes, HellaSwag during training, the data stage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from gpt2 import layout
+from gpt2.config import Config
+from gpt2.data import disk
+from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_documents, file_format, is_remote
+from gpt2.data.sources import resolve as resolve_source
+from gpt2.errors import UserError
+from gpt2.model import GPT
+from gpt2.train.memory import estimate_step_bytes
+from gpt2.train.session import check_batch_shape
+from gpt2.train.step import divisors_desc
+from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of
+
+ASSUMED_MFU = 0.4
+"""Model FLOPs utilization assumed for the time estimate (llm.c reaches ~40-50% on H100s)."""
+EVAL_FLOPS_FRACTION = 1 / 3  # a forward pass is a third of forward + backward
+CHECKPOINT_BYTES_PER_PARAM = 4 + 8  # fp32 weights + AdamW's two fp32 moments (gpt2.checkpoint.store)
+COUNTED = "training steps + validation passes (forward only)"
+NOT_COUNTED = "start-up, compilation, micro-batch probe, checkpoint writes, HellaSwag during training, data stage"
+
+
+class PlanError(UserError, ValueError):
+    """An unknown GPU or an impossible shape; the message says what is accepted."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    peak_flops: float
+    memory_gib: float
+
+
+def _key(name: str) -> str:
+    return "".join(ch for ch in name.upper() if ch.isalnum())
+
+
+def gpu(name: str) -> Gpu:
+    """A GPU by name (case, spaces and dashes ignored: `a100-40gb`, `RTX4090`)."""
+    known = {_key(k): k for k in GPU_MEMORY_GIB}
+    canonical = known.get(_key(name))
+    peak = peak_flops_of(canonical) if canonical else None
+    if canonical is None or peak is None:
+        raise PlanError(f"unknown GPU {name!r}; known: {', '.join(GPU_MEMORY_GIB)}")
+    return Gpu(canonical, peak, GPU_MEMORY_GIB[canonical])
+
+
+def model_size(config: Config) -> tuple[int, int]:
+    """(parameters, training FLOPs per token), from the model itself built on
+    the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        model = GPT(config.model)
+    return model.num_params(non_embedding=False), model.flops_per_token()
+
+
+def count_every(steps: int, every: int) -> int:
+    """Events at every `every`-th step and at the end (once if the end is one)."""
+    return steps // every + (1 if steps % every else 0)
+
+
+def expected_micro_batch(seqs_per_rank: int, fits: Callable[[int], bool]) -> int:
+    """What gpt2.train.step.find_micro_batch settles on when `fits` says what
+    fits: the largest divisor first, then the largest divisor at most half the
+    last try. 0 when not even 1 fits."""
+    candidates = divisors_desc(seqs_per_rank)
+    batch = candidates[0]
+    while not fits(batch):
+        smaller = [d for d in candidates if d <= batch // 2]
+        if not smaller:
+            return 0
+        batch = smaller[0]
+    return batch
+
+
+def _source(config: Config, list_source: bool) -> tuple[SourceFiles, str]:
+    """The data source with its size: measured (built-in), listed (local, or
+    remote with `list_source`), else estimated from the tokens training reads."""
+    src = config.data.source
+    if src.startswith(BUILTIN_PREFIX):
+        nbytes = sum(len(json.dumps(d, ensure_ascii=False).encode()) + 1 for d in builtin_documents(src))
+        return SourceFiles(url=src, format="json", files=(src,), sizes=(nbytes,), builtin=True), "measured"
+    if list_source or not is_remote(src):
+        try:
+            listed = resolve_source(config.data)
+            if listed.sizes and all(listed.sizes):
+                return listed, "listed"
+        except SourceError:
+            if list_source:
+                raise
+    fmt = file_format(src) or "parquet"
+    tokens = config.train.max_steps * config.train.total_batch_tokens + config.data.val_tokens
+    nbytes = int(tokens * disk.SOURCE_BYTES_PER_TOKEN[fmt])
+    return SourceFiles(url=src, format=fmt, files=(src,), sizes=(nbytes,)), "estimated from the tokens trained"
+
+
+def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: float | None = None,
+              mfu: float = ASSUMED_MFU, list_source: bool = False) -> dict[str, Any]:
+    """The plan as a JSON-able dict (bytes in bytes, time in hours, cost in the
+    price's currency, None without a price)."""
+    if gpus < 1:
+        raise PlanError(f"--gpus must be at least 1, got {gpus}")
+    if not 0 < mfu <= 1:
+        raise PlanError(f"the assumed MFU must lie in (0, 1], got {mfu}")
+    if price_per_hour is not None and price_per_hour < 0:
+        raise PlanError(f"--price-per-hour must not be negative, got {price_per_hour}")
+    g = gpu(gpu_name)
+    t, m = config.train, config.model
+    n_params, flops_per_token = model_size(config)
+    seqs_per_rank = check_batch_shape(config, gpus)
+
+    # Micro-batch: the setting, or what the search is expected to find fits.
+    memory_bytes = int(g.memory_gib * (1 << 30))
+
+    def step_bytes(batch: int) -> int:
+        return estimate_step_bytes(n_params, m.n_layer, m.n_embd, m.vocab_size, batch * m.block_size)
+
+    auto = t.micro_batch_size == "auto"
+    micro = expected_micro_batch(seqs_per_rank, lambda b: step_bytes(b) <= memory_bytes) if auto else t.micro_batch_size
+    if not auto and seqs_per_rank % micro:
+        raise PlanError(f"train.micro_batch_size={micro} does not divide the {seqs_per_rank} sequences each of "
+                        f"{gpus} GPU(s) gets per step; choose a divisor of {seqs_per_rank} or auto")
+
+    # Checkpoints: every checkpoint_every steps and at the end; the newest
+    # keep_checkpoints stay, plus the one being written before the oldest goes.
+    checkpoints = count_every(t.max_steps, t.checkpoint_every)
+    kept = min(t.keep_checkpoints, checkpoints)
+    checkpoint_bytes = n_params * CHECKPOINT_BYTES_PER_PARAM
+    local_root = layout.local_root(config) is not None
+
+    # Disk: the data stage's peak (gpt2.data.disk), and on the GPU node the
+    # shards (in the root, or cached from a remote one) plus, for a local
+    # root, the checkpoints.
+    source, size_from = _source(config, list_source)
+    data = disk.plan(config, source)
+    shard_bytes = int(data.tokens * disk.TOKEN_BYTES)
+    node_checkpoint_bytes = min(kept + 1, checkpoints) * checkpoint_bytes if local_root else 0
+
+    # Time: training steps plus the validation passes, at the assumed MFU.
+    tokens = t.max_steps * t.total_batch_tokens
+    validations = count_every(t.max_steps, t.eval_every)
+    flops = flops_per_token * (tokens + EVAL_FLOPS_FRACTION * validations * t.val_steps * t.total_batch_tokens)
+    flops_per_second = g.peak_flops * gpus * mfu
+    hours = flops / flops_per_second / 3600
+    return {
+        "preset": config.preset,
+        "gpu": g.name,
+        "gpus": gpus,
+        "peak_flops": g.peak_flops,
+        "gpu_memory_gib": g.memory_gib,
+        "assumed_mfu": mfu,
+        "params": n_params,
+        "flops_per_token": flops_per_token,
+        "steps": t.max_steps,
+        "total_batch_tokens": t.total_batch_tokens,
+        "tokens": tokens,
+        "micro_batch_size": micro or None,
+        "micro_batch_auto": auto,
+        "accumulation_steps": seqs_per_rank // micro if micro else None,
+        "gpu_memory_bytes_estimated": step_bytes(micro or 1),
+        "checkpoints": checkpoints,
+        "checkpoints_kept": kept,
+        "checkpoint_bytes": checkpoint_bytes,
+        "checkpoints_on_gpu_node": local_root,
+        "data_tokens": data.tokens,
+        "data_tokens_estimated": data.estimated,
+        "source_size": size_from,
+        "keep_intermediate": config.runtime.keep_intermediate,
+        "disk_data_vm_bytes": sum(data.needs.values()),
+        "shard_bytes": shard_bytes,
+        "disk_gpu_node_bytes": shard_bytes + node_checkpoint_bytes,
+        "validation_passes": validations,
+        "tokens_per_second": flops_per_second / flops_per_token,
+        "hours": hours,
+        "gpu_hours": hours * gpus,
+        "price_per_hour": price_per_hour,
+        "cost": hours * price_per_hour if price_per_hour is not None else None,
+        "counted": COUNTED,
+        "not_counted": NOT_COUNTED,
+    }

@@ -1,0 +1,61 @@
+"""gpt2.plan's pieces: GPU lookup, the micro-batch search it mirrors, the
+checkpoint size against a real checkpoint, the memory estimate's shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, PlanError, count_every, expected_micro_batch, gpu, make_plan
+from gpt2.train.memory import estimate_step_bytes
+
+
+def test_gpu_names_are_matched_loosely_and_unknown_ones_listed():
+    assert gpu("a100-40gb").memory_gib == 40 and gpu("A100").memory_gib == 80
+    assert gpu("rtx4090").name == "RTX 4090" and gpu("H100").peak_flops == 989e12
+    assert gpu("L4").peak_flops == 121e12 and gpu("L40S").peak_flops == 362e12
+    with pytest.raises(PlanError, match="known: H100"):
+        gpu("TPU")
+
+
+def test_count_every_includes_the_final_step_once():
+    assert count_every(1000, 500) == 2 and count_every(1001, 500) == 3 and count_every(10, 500) == 1
+
+
+def test_expected_micro_batch_mirrors_the_halving_search():
+    assert expected_micro_batch(64, lambda b: b <= 100) == 64
+    assert expected_micro_batch(64, lambda b: b <= 40) == 32
+    assert expected_micro_batch(48, lambda b: b <= 20) == 12  # 48 -> largest divisor <= 24 -> <= 12
+    assert expected_micro_batch(8, lambda b: False) == 0
+
+
+def test_memory_estimate_grows_with_the_batch():
+    a, b = (estimate_step_bytes(124_000_000, 12, 768, 50304, n * 1024) for n in (16, 32))
+    assert 0 < a < b
+
+
+def test_checkpoint_size_matches_a_real_checkpoint(tmp_path, smoke_config):
+    from gpt2.checkpoint import store
+    from gpt2.model import GPT
+    from gpt2.train.optim import make_optimizer
+
+    config = smoke_config()
+    model = GPT(config.model)
+    optimizer = make_optimizer(model, config.train, "cpu")
+    x = torch.randint(0, 50257, (2, 16))
+    model(x, x)[1].backward()
+    optimizer.step()
+    url = f"file://{tmp_path}/step_000001"
+    store.save_checkpoint(url, model, optimizer, {"step": 1}, {})
+    total = sum(f.stat().st_size for f in (tmp_path / "step_000001").iterdir())
+    expected = CHECKPOINT_BYTES_PER_PARAM * model.num_params(non_embedding=False)
+    assert expected <= total <= expected * 1.01
+
+
+def test_plan_of_the_smoke_preset(smoke_config):
+    p = make_plan(smoke_config(), "H100", 1, 10.0)
+    assert p["micro_batch_size"] == 8 and p["micro_batch_auto"] is False and p["accumulation_steps"] == 2
+    assert p["source_size"] == "measured" and p["checkpoints"] == 3
+    assert p["cost"] == pytest.approx(p["hours"] * 10.0)
+    with pytest.raises(PlanError, match="does not divide"):
+        make_plan(smoke_config(**{"train.micro_batch_size": 3}), "H100")
