@@ -3,6 +3,13 @@
 Only rank 0 writes checkpoints, logs metrics and reports progress; every rank
 takes part in the steps and the validation passes, and all ranks agree on
 when to stop (SIGTERM on any rank stops all of them after the same step).
+With several ranks the stop and lease flags ride on each step's loss
+all-reduce rather than a collective of their own; a signal arriving after
+that point is acted on one step later, on every rank alike.
+
+Host-device syncs per step: the step's own one (its numbers, read after the
+optimizer step is queued); the `synchronize` calls timing it then find the
+device idle.
 """
 
 from __future__ import annotations
@@ -23,12 +30,12 @@ from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
-from gpt2.train.distributed import all_reduce, any_rank, any_ranks, autocast
+from gpt2.train.distributed import all_reduce, any_rank, autocast
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.report import loss_curve_png, text_samples
 from gpt2.train.session import Session, TrainingError, rng_state
-from gpt2.train.step import evaluate, train_step
+from gpt2.train.step import evaluate, train_step_with_flags
 from gpt2.train.throughput import Throughput, mfu, now, peak_flops, synchronize
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,7 @@ class Loop:
         self.saved_tps = state.get("tokens_per_second", 0.0)
         self.peak, self.flops_per_token = peak_flops(session.env.device), session.raw_model.flops_per_token()
         self.log_every = max(1, self.cfg.train.max_steps // 100)
+        self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
         self.hellaswag_items = None  # loaded on first use; [] once loading failed
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
@@ -80,9 +88,9 @@ class Loop:
         status, preempted = "FAILED", False
         try:
             for step in range(self.s.start_step, self.cfg.train.max_steps):
-                done = self._step(step)
-                lease = self.s.lease
-                stop, lost = any_ranks([self.stop.requested, lease is not None and lease.lost], self.s.env)
+                done, agreed = self._step(step)
+                # One process reads its flags now; several act on what the step's all-reduce carried.
+                stop, lost = agreed if self.s.env.is_distributed else self._flags()
                 if lost:
                     raise LeaseLost(f"another trainer took over {self.run_dir} during step {done}: "
                                     "stopping without writing")
@@ -97,6 +105,7 @@ class Loop:
             status = None  # the MLflow run belongs to the new trainer now: leave its status alone
             raise
         finally:
+            self.s.loader.source.close()
             try:  # whatever happened, the checkpoint being written is completed first
                 last = self._last_checkpoint(close=True)
             finally:
@@ -111,18 +120,26 @@ class Loop:
             self.writer.close()
         return self.writer.wait()
 
+    def _flags(self) -> list[bool]:
+        """This rank's [stop requested, lease lost]."""
+        lease = self.s.lease
+        return [self.stop.requested, lease is not None and lease.lost]
+
     def _steps_done(self) -> int:
         return self.history["train"][-1][0] if self.history["train"] else self.s.start_step
 
-    def _step(self, step: int) -> int:
+    def _step(self, step: int) -> tuple[int, list[bool]]:
+        """Steps done, and the flags of `_flags` as all ranks agreed on them."""
         s, cfg = self.s, self.cfg.train
         lr = lr_at(step, cfg)
         set_lr(s.optimizer, lr)
+        waited = s.loader.source.wait_seconds
         batches = s.loader.next_batches()
+        data_wait = s.loader.source.wait_seconds - waited  # not in the step's time: reported beside it
         synchronize(s.env.device)
         t0 = now()
         try:
-            loss, norm = train_step(s.model, s.raw_model, s.optimizer, batches, s.ctx)
+            loss, norm, agreed = train_step_with_flags(s.model, s.raw_model, s.optimizer, batches, s.ctx, self._flags)
         except torch.OutOfMemoryError as err:
             raise TrainingError(self._oom_message(step + 1, err)) from err
         synchronize(s.env.device)
@@ -137,13 +154,13 @@ class Loop:
         self.train_loss = loss
         self.history["train"].append([done, loss])
         val = self._validate(done)
-        self._report(done, loss, lr, norm, cfg.total_batch_tokens / dt, val)
+        self._report(done, loss, lr, norm, cfg.total_batch_tokens / dt, val, data_wait)
         self._hellaswag(done)
         if _every(done, cfg.sample_every, cfg.max_steps):
             self._samples(done)
         if _every(done, cfg.checkpoint_every, cfg.max_steps):
             self._save(done)
-        return done
+        return done, agreed
 
     def _oom_message(self, step: int, err: Exception) -> str:
         limit = self.cfg.runtime.memory_limit_mb
@@ -160,12 +177,14 @@ class Loop:
         self.history["val"].append([done, self.val_loss])
         return self.val_loss
 
-    def _report(self, done: int, loss: float, lr: float, norm: float, tps: float, val: float | None) -> None:
+    def _report(self, done: int, loss: float, lr: float, norm: float, tps: float, val: float | None,
+                data_wait: float) -> None:
         if not self.s.env.is_main:
             return
         per_device = tps / self.s.env.world_size
         util = mfu(self.flops_per_token, per_device, self.peak)
-        metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "perf/tokens_per_second": tps}
+        metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "perf/tokens_per_second": tps,
+                   "perf/data_wait_s": data_wait}
         if util is not None:
             metrics["perf/mfu"] = util
         if val is not None:
@@ -175,10 +194,14 @@ class Loop:
         avg = self.throughput.tokens_per_second
         eta = remaining * self.cfg.train.total_batch_tokens / avg if avg else None
         if self.progress is not None:
-            self.progress(StepInfo(done, self.cfg.train.max_steps, loss, lr, norm, tps, util, eta, val))
+            self.progress(StepInfo(done, self.cfg.train.max_steps, loss, lr, norm, tps, util, eta, val, data_wait))
+        self.data_wait += data_wait
         if done % self.log_every == 0 or val is not None or done == self.cfg.train.max_steps:
             extra = f" | mfu {100 * util:.1f}%" if util is not None else ""
             extra += f" | val {val:.4f}" if val is not None else ""
+            # Waiting for shards, summed since the last line (tok/s counts only the steps themselves).
+            extra += f" | data wait {self.data_wait:.2f}s" if self.data_wait >= 0.005 else ""
+            self.data_wait = 0.0
             log.info("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s",
                      done, self.cfg.train.max_steps, loss, lr, norm, tps, extra)
 

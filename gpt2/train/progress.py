@@ -26,6 +26,8 @@ class StepInfo:
     eta_seconds: float | None
     val_loss: float | None = None
     """Set on the steps where validation ran."""
+    data_wait_seconds: float = 0.0
+    """Time this step waited for its batches (shard downloads, checks), not counted in tokens/s."""
 
     @property
     def fraction(self) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -37,6 +37,19 @@ def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: to
                batches: list[Batch], ctx: StepContext) -> tuple[float, float]:
     """Forward/backward over the micro-batches (gradient accumulation), clip,
     AdamW step. Returns (mean loss over ranks, gradient norm before clipping)."""
+    loss, norm, _ = train_step_with_flags(model, raw_model, optimizer, batches, ctx, lambda: ())
+    return loss, norm
+
+
+def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                          batches: list[Batch], ctx: StepContext,
+                          flags: Callable[[], Sequence[bool]]) -> tuple[float, float, list[bool]]:
+    """`train_step`, also agreeing on this rank's `flags` (read just before
+    the loss all-reduce, which carries them): each is returned true on every
+    rank when it was true on any, with no collective of its own.
+
+    The host waits for the device once, at the end (`.tolist()`); the batches
+    are copied with non_blocking=True (asynchronous from pinned memory)."""
     device = ctx.env.device
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
@@ -52,13 +65,16 @@ def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: to
             loss = loss / len(batches)
             loss.backward()
         loss_sum += loss.detach()
-    all_reduce(loss_sum, ctx.env)
+    # Filled on the device (no host-to-device copy, which would wait for the queued work).
+    carried = torch.stack([loss_sum, *(torch.full_like(loss_sum, float(f)) for f in flags())])
+    all_reduce(carried, ctx.env)  # the mean: a flag true on any rank stays > 0
     max_norm = ctx.grad_clip if ctx.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
     optimizer.step()
-    # One host sync for both numbers, after the optimizer step is queued.
-    loss_value, norm_value = torch.stack([loss_sum, norm.to(loss_sum.dtype)]).tolist()
-    return loss_value, norm_value
+    # The one host sync, for all the numbers, after the optimizer step is queued.
+    loss_value, norm_value, *agreed = torch.cat([carried[:1], norm.to(loss_sum.dtype).reshape(1),
+                                                 carried[1:]]).tolist()
+    return loss_value, norm_value, [v > 0 for v in agreed]
 
 
 @torch.no_grad()
@@ -66,13 +82,15 @@ def evaluate(model: torch.nn.Module, batches: list[Batch], ctx: StepContext) -> 
     """Mean token loss over the whole validation set (every rank's share)."""
     device = ctx.env.device
     model.eval()
-    total = torch.zeros(2, device=device, dtype=torch.float64)  # [loss sum, token count]
+    loss_sum, count = torch.zeros((), device=device, dtype=torch.float64), 0
     for x, y in batches:
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, ctx.amp):
             _, loss = model(x, y, return_logits=False)
-        total += torch.stack([loss.double() * y.numel(), torch.tensor(float(y.numel()), device=device)])
+        loss_sum += loss.double() * y.numel()
+        count += y.numel()  # counted on the host: no copy to the device per batch
     model.train()
+    total = torch.stack([loss_sum, torch.full_like(loss_sum, float(count))])  # [loss sum, token count]
     all_reduce(total, ctx.env, op="sum")
     return (total[0] / total[1]).item()
 

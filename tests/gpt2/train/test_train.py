@@ -85,7 +85,9 @@ def test_mlflow_run_has_params_metrics_and_artifacts(finished):
     assert [m.step for m in losses] == list(range(1, 9))
     val = client.get_metric_history(run.info.run_id, "val/loss")
     assert [m.step for m in val] == [4, 8] and val[-1].value == result.final_val_loss
-    assert {"train/lr", "train/grad_norm", "perf/tokens_per_second"} <= set(run.data.metrics)
+    assert {"train/lr", "train/grad_norm", "perf/tokens_per_second", "perf/data_wait_s"} <= set(run.data.metrics)
+    waits = client.get_metric_history(run.info.run_id, "perf/data_wait_s")
+    assert [m.step for m in waits] == list(range(1, 9)) and waits[0].value > 0  # step 1 opened its shard
     hellaswag = client.get_metric_history(run.info.run_id, "hellaswag/acc_norm")
     assert [m.step for m in hellaswag] == [4, 8] and all(0 <= m.value <= 1 for m in hellaswag)
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
