@@ -3,7 +3,8 @@
     gpt2 train --preset smoke                        # via the CLI
     python -m flows.train --preset smoke [--fresh]   # the flow directly
 
-One device trains in-process; `runtime.nproc_per_node>1` runs
+The trainer runs one process per GPU of the machine it lands on
+(`runtime.nproc_per_node=auto`); more than one runs
 `torchrun --nproc_per_node=N -m gpt2.train --config run.json` and streams its
 logs here. Rerunning (or retrying) continues from the newest checkpoint; a
 finished run is a cache hit.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -162,10 +162,13 @@ class RuntimeConfig(_Section):
     """Tokens per resumable tokenization part: the most work a kill can lose."""
     device: str = "auto"
     """`auto`, `cpu`, `cuda`, `cuda:N` or `mps`."""
-    compile: bool = False
-    """Compile the model with torch.compile."""
-    nproc_per_node: int = Field(1, ge=1)
-    """Processes (GPUs) to train with; >1 runs torchrun."""
+    compile: bool | Literal["auto"] = "auto"
+    """Compile the model with torch.compile (static shapes): true, false, or `auto`,
+    which compiles on CUDA and runs eagerly elsewhere (CPU, MPS)."""
+    nproc_per_node: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """Processes (GPUs) to train with; >1 runs torchrun. `auto`: one per GPU visible
+    on the machine that trains (1 without a GPU or with a CPU/MPS `runtime.device`),
+    so the pool's GPU count alone decides."""
     lease_ttl_s: float = Field(120.0, ge=1)
     """A training run's lease (one trainer per run) goes stale this long after
     its trainer last renewed it (every lease_ttl_s / 4); then another may take over."""

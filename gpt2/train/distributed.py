@@ -60,6 +60,27 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+def visible_gpus(requested: str) -> int:
+    """GPUs this machine's trainer may spread over: every visible one for
+    `runtime.device` auto/cuda, the one named by cuda:N, none for cpu/mps."""
+    if requested.startswith("cuda:"):
+        return 1
+    if requested not in ("auto", "cuda") or not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def resolve_nproc(setting: int | str, gpus: int) -> int:
+    """`runtime.nproc_per_node`: `auto` is one process per visible GPU (1 with
+    none); a number is kept, with a warning when it leaves GPUs idle."""
+    if setting == "auto":
+        return max(1, gpus)
+    if setting < gpus:
+        log.warning("runtime.nproc_per_node=%d trains on %d of the %d visible GPUs; the others stay idle "
+                    "(runtime.nproc_per_node=auto uses them all)", setting, setting, gpus)
+    return setting
+
+
 def enable_fast_math(device: torch.device) -> None:
     """TF32 matmuls and cuDNN convolutions on Ampere+ (what llm.c and nanoGPT do)."""
     if device.type != "cuda":

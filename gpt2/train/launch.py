@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2.config import Config
+from gpt2.train.distributed import resolve_nproc, visible_gpus
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.run import Preempted, TrainResult, train
@@ -114,10 +115,17 @@ def _stop(proc: subprocess.Popen, emit: Callable[[str], None]) -> None:
         killer.cancel()
 
 
+def nproc_per_node(config: Config) -> int:
+    """`runtime.nproc_per_node` resolved here, on the machine that trains: with
+    `auto` the GPUs this machine was given (the pool's GPU count) decide."""
+    return resolve_nproc(config.runtime.nproc_per_node, visible_gpus(config.runtime.device))
+
+
 def torchrun_train(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
-                   parent_run_id: str | None = None, tags: dict | None = None) -> TrainResult:
-    """`train` in a child process: `runtime.nproc_per_node` workers under
-    torchrun, or one `python -m gpt2.train`. A SIGTERM to us reaches the
+                   parent_run_id: str | None = None, tags: dict | None = None,
+                   nproc: int | None = None) -> TrainResult:
+    """`train` in a child process: `nproc` (default: `runtime.nproc_per_node`)
+    workers under torchrun, or one `python -m gpt2.train`. A SIGTERM to us reaches the
     trainer, which checkpoints and stops: directly when nobody above us
     handles the signal (then Preempted), or, under an orchestrator's own
     handler, when that handler raises in this thread (then its exception)."""
@@ -125,7 +133,7 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
     with tempfile.TemporaryDirectory(prefix="gpt2-train-") as tmp:
         config_path, status = Path(tmp) / "run.json", StatusFile(Path(tmp) / "status.jsonl")
         config_path.write_text(json.dumps(config.model_dump(mode="json")))
-        cmd = torchrun_command(config_path, status.path, config.runtime.nproc_per_node, parent_run_id, tags)
+        cmd = torchrun_command(config_path, status.path, nproc or nproc_per_node(config), parent_run_id, tags)
         emit("starting: " + " ".join(cmd))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -175,6 +183,7 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     several devices (torchrun), and with `isolate` for one (what the Prefect
     task asks for, so the flow-run process stays responsive and keeps its own
     SIGTERM handling)."""
-    if isolate or config.runtime.nproc_per_node > 1:
-        return torchrun_train(config, progress, log_line, parent_run_id, tags)
+    nproc = nproc_per_node(config)
+    if isolate or nproc > 1:
+        return torchrun_train(config, progress, log_line, parent_run_id, tags, nproc)
     return train(config, progress=progress, parent_run_id=parent_run_id, tags=tags)

@@ -13,8 +13,8 @@ from gpt2.config import Config
 from gpt2.train.distributed import distributed
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
-from gpt2.train.progress import Progress
-from gpt2.train.session import TrainingError, open_session, take_lease
+from gpt2.train.progress import Progress, StepInfo
+from gpt2.train.session import TrainingError, open_session, resolve_compile, take_lease
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,33 @@ class TrainResult:
     mlflow_run_id: str | None
     micro_batch_size: int
     world_size: int
+    warmup_s: float | None = None
+    """This session's first step in seconds: warm-up and, with runtime.compile,
+    the compilation; kept out of tokens_per_second (None: no step ran)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class _Warmup:
+    """Progress hook that logs the first step's time once, as perf/warmup_s:
+    the per-step numbers then show steady-state speed, not the compilation."""
+
+    def __init__(self, progress: Progress | None, compiling: bool):
+        self.progress, self.compiling, self.loop, self.logged = progress, compiling, None, False
+
+    def __call__(self, info: StepInfo) -> None:
+        first = self.loop.throughput.first if self.loop else None
+        if first is not None and not self.logged:
+            self.logged = True
+            log.info("first step took %.1fs (warm-up%s)", first[1], ", compilation" if self.compiling else "")
+            self.loop.tracker.log_metrics({"perf/warmup_s": first[1]}, step=info.step)
+        if self.progress is not None:
+            self.progress(info)
+
+
+def _warmup_s(loop: Loop) -> float | None:
+    return loop.throughput.first[1] if loop.throughput.first else None
 
 
 def train(config: Config, fresh: bool = False, progress: Progress | None = None,
@@ -53,7 +77,9 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
         lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
         try:
             session = open_session(config, env, fresh, lease)
-            outcome = Loop(session, progress, parent_run_id, tags, stop=guard).run()
+            warmup = _Warmup(progress, resolve_compile(config.runtime.compile, env.device))
+            loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard)
+            outcome = loop.run()
         finally:
             if lease is not None:
                 lease.release()
@@ -66,5 +92,5 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             resumed_from_step=session.start_step, final_train_loss=outcome.train_loss,
             final_val_loss=outcome.val_loss, tokens_per_second=outcome.tokens_per_second,
             mlflow_run_id=outcome.mlflow_run_id, micro_batch_size=session.micro_batch,
-            world_size=env.world_size,
+            world_size=env.world_size, warmup_s=_warmup_s(loop),
         )

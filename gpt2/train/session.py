@@ -150,7 +150,7 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
         group.update(own)
 
 
-def _micro_batch(config: Config, model: torch.nn.Module, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> int:
+def _micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> int:
     setting = config.train.micro_batch_size
     if setting != "auto":
         if seqs_per_rank % setting:
@@ -160,11 +160,27 @@ def _micro_batch(config: Config, model: torch.nn.Module, raw: GPT, seqs_per_rank
             )
         return setting
     probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
-    chosen = find_micro_batch(model, lambda: make_optimizer(raw, config.train, ctx.env.device_type),
+    chosen = find_micro_batch(raw, lambda: make_optimizer(raw, config.train, ctx.env.device_type),
                               seqs_per_rank, config.model.block_size, config.model.vocab_size, probe_ctx)
     log.info("train.micro_batch_size=auto chose %d sequences x %d tokens (%d accumulation steps)",
              chosen, config.model.block_size, seqs_per_rank // chosen)
     return chosen
+
+
+def resolve_compile(setting: bool | str, device: torch.device) -> bool:
+    """`runtime.compile`: `auto` compiles on CUDA only, where inductor's kernels
+    pay for their compile time; CPU and MPS runs stay eager."""
+    return device.type == "cuda" if setting == "auto" else bool(setting)
+
+
+def compiled(raw: GPT, config: Config, device: torch.device) -> torch.nn.Module:
+    """The model the steps run: compiled once, with static shapes (every step
+    has the same micro-batch shape, so dynamic kernels would only be slower)."""
+    if not resolve_compile(config.runtime.compile, device):
+        return raw
+    log.info("runtime.compile=%s: torch.compile on %s; the first step includes the compilation",
+             config.runtime.compile, device)
+    return torch.compile(raw, dynamic=False)
 
 
 def take_lease(config: Config, env: DistEnv, flow_run_id: str | None) -> Lease | None:
@@ -207,9 +223,12 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     if ckpt:
         _load_optimizer(optimizer, ckpt.optimizer)
         restore_rng(ckpt.rng, env.device)
-    model = torch.compile(raw) if config.runtime.compile else raw
     ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, config.runtime.memory_limit_mb)
-    micro = _micro_batch(config, model, raw, seqs_per_rank, ctx)
+    # The micro-batch probe runs eagerly: compiled, every size it tries would be
+    # another compilation. Eager code keeps more activations than fused kernels
+    # do, so a size that fits eagerly fits compiled as a rule.
+    micro = _micro_batch(config, raw, seqs_per_rank, ctx)
+    model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
 

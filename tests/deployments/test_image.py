@@ -54,3 +54,10 @@ def test_pid_1_is_an_init_process_that_passes_sigterm_on():
     k8s = json.loads((deployment_file.DEPLOYMENTS_DIR / "pools" / "kubernetes-gpu.json").read_text())
     container = k8s["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
     assert "command" not in container and container["args"] == "{{ command }}"
+
+
+def test_a_c_compiler_is_installed_for_torch_compile():
+    """The runtime base image has no compiler; runtime.compile=auto compiles on
+    CUDA, and Triton (and inductor's CPU code) need one at run time."""
+    installs = [run for run in _instruction("RUN") if "apt-get install" in run]
+    assert any("build-essential" in run or re.search(r"\bgcc\b", run) for run in installs)

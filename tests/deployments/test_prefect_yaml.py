@@ -102,3 +102,12 @@ def test_pull_step_moves_the_flow_run_into_the_project_dir(tmp_path, monkeypatch
     assert os.getcwd() == str(deployment_file.PROJECT_DIR)
     for spec in deployment_file.deployments():  # and the entrypoints resolve from there
         assert (deployment_file.PROJECT_DIR / spec["entrypoint"].split(":")[0]).is_file()
+
+
+def test_the_pools_gpu_count_alone_sets_the_training_processes():
+    """No process count in the train deployment: runtime.nproc_per_node=auto
+    starts one process per GPU of the machine the pool gives the run."""
+    _, spec, _ = DEPLOYMENTS[IDS.index("gpt2-train/train")]
+    params = spec["parameters"]
+    assert "runtime.nproc_per_node" not in params["overrides"]
+    assert resolve_config(params["preset"], params["overrides"]).runtime.nproc_per_node == "auto"
