@@ -27,7 +27,7 @@ from gpt2 import layout
 from gpt2.checkpoint.lease import LeaseLost
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.hellaswag.items import load_items
-from gpt2.hellaswag.scorer import evaluate_hellaswag
+from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
 from gpt2.train.distributed import all_reduce, any_rank, autocast
@@ -209,21 +209,24 @@ class Loop:
         """The native HellaSwag scorer every eval.every_steps, items split over
         ranks. It never stops training: unloadable items only cost a warning."""
         every = self.cfg.eval.every_steps
-        if not every or done % every or self.hellaswag_items == []:
+        # The final step too: the finished model's score is the one people compare.
+        if not every or not _every(done, every, self.cfg.train.max_steps) or self.hellaswag_items == []:
             return
         env = self.s.env
         if self.hellaswag_items is None:
             try:
-                self.hellaswag_items = load_items(self.cfg.eval.hellaswag_source, self.cfg.eval.limit)
+                items = load_items(self.cfg.eval.hellaswag_source, self.cfg.eval.limit)
             except Exception as err:  # noqa: BLE001 - optional in-loop metric
                 log.warning("in-loop HellaSwag disabled: cannot load %s (%s)", self.cfg.eval.hellaswag_source, err)
-                self.hellaswag_items = []
-            if any_rank(not self.hellaswag_items, env):  # all ranks score, or none
+                items = []
+            if any_rank(not items, env):  # all ranks score, or none
                 self.hellaswag_items = []
                 return
-        mine = self.hellaswag_items[env.rank::env.world_size]
+            # This rank's share, tokenized once for every evaluation of the run.
+            self.hellaswag_items = prepare(items).subset(range(env.rank, len(items), env.world_size))
+        mine = self.hellaswag_items
         with autocast(env.device, self.s.ctx.amp):
-            m = evaluate_hellaswag(self.s.raw_model, mine, env.device, self.cfg.eval.batch_size) if mine else {}
+            m = evaluate_hellaswag(self.s.raw_model, mine, env.device, self._hellaswag_batch()) if len(mine) else {}
         n = m.get("n", 0)
         keys = ("acc", "acc_norm", "acc_norm_per_token")
         counts = all_reduce(torch.tensor([m.get(k, 0.0) * n for k in keys] + [n], dtype=torch.float64,
@@ -232,6 +235,13 @@ class Loop:
         if env.is_main:
             log.info("HellaSwag at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             self.tracker.log_metrics(metrics, step=done)
+
+    def _hellaswag_batch(self) -> int:
+        """Items per forward pass: at least eval.batch_size, and as many as the
+        training micro-batch's tokens allow: an item packs ~150-250 tokens for
+        its four endings, and scoring keeps no activations for a backward pass,
+        so half the micro-batch's tokens leave room for float32 log-probabilities."""
+        return max(self.cfg.eval.batch_size, self.s.micro_batch * self.cfg.model.block_size // 512)
 
     def _samples(self, done: int) -> None:
         if not self.s.env.is_main:
