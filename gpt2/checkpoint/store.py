@@ -54,6 +54,9 @@ class Checkpoint:
     model: dict[str, torch.Tensor]
     optimizer: dict
     rng: dict
+    files: dict[str, bytes] | None = None
+    """The verified bytes it was decoded from (kept so rank 0 can send them to
+    the other ranks; dropped once that is done)."""
 
     @property
     def step(self) -> int:
@@ -180,7 +183,11 @@ def load_checkpoint(url: str) -> Checkpoint:
     marker = read_marker(url)
     if marker is None:
         raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
-    blobs = {name: _read_verified(url, name, marker["files"][name]) for name in FILES}
+    return decode_checkpoint(url, {name: _read_verified(url, name, marker["files"][name]) for name in FILES})
+
+
+def decode_checkpoint(url: str, blobs: dict[str, bytes]) -> Checkpoint:
+    """A checkpoint from its files' verified bytes (read here, or received from rank 0)."""
     try:
         return Checkpoint(
             url=url,
@@ -188,6 +195,7 @@ def load_checkpoint(url: str) -> Checkpoint:
             model=load_safetensors(blobs["model.safetensors"]),
             optimizer=torch.load(io.BytesIO(blobs["optimizer.pt"]), weights_only=True, map_location="cpu"),
             rng=torch.load(io.BytesIO(blobs["rng.pt"]), weights_only=True, map_location="cpu"),
+            files=blobs,
         )
     except Exception as err:  # noqa: BLE001 - any decoding failure means a bad checkpoint
         raise CheckpointError(f"checkpoint {url} cannot be decoded: {type(err).__name__}: {err}") from err

@@ -25,7 +25,7 @@ from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
 from gpt2.train import memory
-from gpt2.train.distributed import DistEnv, amp_dtype, barrier
+from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import Batch, StepContext, find_micro_batch
 
@@ -66,8 +66,10 @@ def check_batch_shape(config: Config, world_size: int) -> int:
 
 
 def resume_from(config: Config, env: DistEnv, fresh: bool) -> store.Checkpoint | None:
-    """Rank 0 picks (and on --fresh clears) the checkpoint; every rank loads
-    it. A run none of whose checkpoints verifies stops on every rank."""
+    """Rank 0 picks (and on --fresh clears), reads and verifies the
+    checkpoint, then sends its bytes to the other ranks: one read of the root
+    instead of one per GPU. A run none of whose checkpoints verifies stops on
+    every rank."""
     run_dir = layout.run_dir(config)
     ckpt, error = None, None
     if env.is_main:
@@ -85,8 +87,12 @@ def resume_from(config: Config, env: DistEnv, fresh: bool) -> store.Checkpoint |
         dist.broadcast_object_list(box, src=0)
         if box[1] and error is None:
             error = store.CheckpointError(box[1])
-        if not env.is_main and box[0]:
-            ckpt = store.load_checkpoint(box[0])
+        if box[0]:
+            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in store.FILES}
+            if not env.is_main:
+                ckpt = store.decode_checkpoint(box[0], files)
+    if ckpt is not None:
+        ckpt.files = None  # decoded and sent: no second copy in memory
     if error is not None:
         raise error
     if ckpt:

@@ -153,3 +153,11 @@ def test_ddp_two_gloo_processes_match_one_process_with_accumulation(reference, t
     ours = weights(resumed.checkpoint)
     for k in theirs:
         torch.testing.assert_close(ours[k], theirs[k], rtol=1e-3, atol=1e-4)
+
+    # And on two processes again: rank 0 reads step 4 and sends it to rank 1.
+    for url in store.complete_checkpoints(config):
+        if not url.endswith("step_000004"):
+            shutil.rmtree(storage.local_path(url))
+    again = run_to_end(config, tmp_path, torchrun=2)
+    assert again["resumed_from_step"] == 4 and again["world_size"] == 2
+    assert again["final_val_loss"] == pytest.approx(ref["final_val_loss"], abs=1e-4)
