@@ -65,7 +65,7 @@ def data_step_dir(config: Config, step: str) -> Path:
 
 def shard_cache_dir(config: Config, dataset_name: str, fingerprint: str) -> Path:
     """Local copies of a remote root's shards, for the trainer: one directory
-    per dataset identity, files named by content (gpt2.data.loader)."""
+    per dataset identity, files named by content (gpt2.data.shard_source)."""
     return config.runtime.work_root / "shards" / f"{dataset_name}-{fingerprint[:HASH_CHARS]}"
 
 

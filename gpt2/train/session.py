@@ -19,8 +19,9 @@ from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.config import Config
-from gpt2.data.loader import ShardSource, TrainLoader, val_batches
+from gpt2.data.loader import TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest
+from gpt2.data.shard_source import ShardSource
 from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT

@@ -33,10 +33,19 @@ async def _prefect_records() -> str:
     """Every flow run's parameters, every log line and artifact on the server."""
     from prefect.client.orchestration import get_client
 
+    async def every(read) -> list:
+        # The server answers 200 at a time, oldest first; the session's server
+        # holds the records of every earlier test too, so read them all.
+        found, page = [], None
+        while page is None or len(page) == 200:
+            page = await read(limit=200, offset=len(found))
+            found += page
+        return found
+
     async with get_client() as client:
-        runs = await client.read_flow_runs()
-        logs = await client.read_logs()
-        artifacts = await client.read_artifacts()
+        runs = await every(client.read_flow_runs)
+        logs = await every(client.read_logs)
+        artifacts = await every(client.read_artifacts)
     return json.dumps([
         [r.parameters for r in runs],
         [entry.message for entry in logs],

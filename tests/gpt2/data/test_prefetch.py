@@ -16,8 +16,9 @@ import torch
 import gpt2.data.manifest as manifest_module
 from gpt2 import layout, storage
 from gpt2.data.llmc import ShardError, write_shard
-from gpt2.data.loader import ShardSource, TrainLoader, cached_name
+from gpt2.data.loader import TrainLoader
 from gpt2.data.manifest import load_manifest
+from gpt2.data.shard_source import ShardSource, cached_name
 from gpt2.train.distributed import DistEnv
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
