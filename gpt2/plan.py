@@ -28,7 +28,7 @@ from gpt2.errors import UserError
 from gpt2.model import GPT
 from gpt2.train.memory import estimate_step_bytes
 from gpt2.train.session import check_batch_shape
-from gpt2.train.step import divisors_desc
+from gpt2.train.step import micro_batch_candidates
 from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of
 
 ASSUMED_MFU = 0.4
@@ -79,16 +79,8 @@ def count_every(steps: int, every: int) -> int:
 
 def expected_micro_batch(seqs_per_rank: int, fits: Callable[[int], bool]) -> int:
     """What gpt2.train.step.find_micro_batch settles on when `fits` says what
-    fits: the largest divisor first, then the largest divisor at most half the
-    last try. 0 when not even 1 fits."""
-    candidates = divisors_desc(seqs_per_rank)
-    batch = candidates[0]
-    while not fits(batch):
-        smaller = [d for d in candidates if d <= batch // 2]
-        if not smaller:
-            return 0
-        batch = smaller[0]
-    return batch
+    fits (the same candidates, in the same order). 0 when not even 1 fits."""
+    return next((b for b in micro_batch_candidates(seqs_per_rank) if fits(b)), 0)
 
 
 def _source(config: Config, list_source: bool) -> tuple[SourceFiles, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -99,6 +99,19 @@ def divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
+def micro_batch_candidates(seqs_per_rank: int) -> Iterator[int]:
+    """The micro-batches `auto` tries, in order: the largest divisor of
+    `seqs_per_rank`, then each time the largest divisor at most half the last."""
+    candidates = divisors_desc(seqs_per_rank)
+    batch = candidates[0]
+    while True:
+        yield batch
+        smaller = [d for d in candidates if d <= batch // 2]
+        if not smaller:
+            return
+        batch = smaller[0]
+
+
 def _probe(model: torch.nn.Module, make_opt: Callable[[], torch.optim.Optimizer], batch: int,
            seq_len: int, vocab: int, ctx: StepContext) -> None:
     """A real forward, backward and optimizer step at (batch, seq_len)."""
@@ -126,10 +139,9 @@ def find_micro_batch(model: torch.nn.Module, make_opt: Callable[[], torch.optim.
     """The largest micro-batch dividing `seqs_per_rank` whose full training
     step fits in memory, halving on OOM; the same on every rank (the minimum)."""
     snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    choice, candidates = 0, divisors_desc(seqs_per_rank)
-    batch = candidates[0]
+    choice = 0
     try:
-        while True:
+        for batch in micro_batch_candidates(seqs_per_rank):
             try:
                 _probe(model, make_opt, batch, seq_len, vocab, ctx)
                 choice = batch
@@ -137,10 +149,6 @@ def find_micro_batch(model: torch.nn.Module, make_opt: Callable[[], torch.optim.
             except torch.OutOfMemoryError:
                 memory.release(ctx.env.device)
                 log.info("micro-batch %d x %d tokens does not fit; halving", batch, seq_len)
-                smaller = [d for d in candidates if d <= batch // 2]
-                if not smaller:
-                    break
-                batch = smaller[0]
     finally:
         model.load_state_dict(snapshot)
         memory.release(ctx.env.device)
