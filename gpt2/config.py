@@ -76,8 +76,10 @@ class TrainConfig(_Section):
     """Tokens per optimizer step across all devices (gradient accumulation fills it)."""
     micro_batch_size: int | Literal["auto"] = "auto"
     """Sequences per device per forward pass, or `auto` to find the largest that fits."""
-    max_steps: int = Field(19_073, ge=1)
-    """Optimizer steps (19,073 × 524,288 ≈ 10B tokens)."""
+    max_steps: Annotated[int, Field(ge=1)] | Literal["epoch"] = 19_073
+    """Optimizer steps (19,073 × 524,288 ≈ 10B tokens), or `epoch`: one pass over the
+    prepared train split (its tokens // total_batch_tokens), read from the split's
+    manifest once the data stage has run."""
     lr: float = Field(6e-4, gt=0)
     """Peak learning rate."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
@@ -169,6 +171,25 @@ class RuntimeConfig(_Section):
     """Processes (GPUs) to train with; >1 runs torchrun. `auto`: one per GPU visible
     on the machine that trains (1 without a GPU or with a CPU/MPS `runtime.device`),
     so the pool's GPU count alone decides."""
+    nnodes: int = Field(1, ge=1)
+    """Machines to train across (torchrun --nnodes); each runs nproc_per_node
+    processes. >1 needs rdzv_endpoint."""
+    rdzv_endpoint: str | None = None
+    """host:port of the c10d rendezvous every node joins when nnodes > 1 (on
+    Kubernetes the headless service of the training Job; see deployments/)."""
+    shard_optimizer: bool | Literal["auto"] = "auto"
+    """ZeRO-1: shard AdamW's state across ranks (torch's ZeroRedundancyOptimizer);
+    same updates, 1/world of the optimizer memory. `auto` turns it on only when the
+    micro-batch search needs it to fit (several ranks only)."""
+    recompute: bool | Literal["auto"] = "auto"
+    """Activation recomputation per transformer block (torch.utils.checkpoint): same
+    results, far less activation memory, about a third more compute. `auto` turns it
+    on only when the micro-batch search needs it to fit."""
+    data_cluster: str | None = None
+    """Tokenize the source's work units on a Dask cluster (through prefect-dask):
+    `local` starts one on this machine with num_workers worker processes; a
+    `tcp://host:8786` address uses a running cluster. None: this machine's own
+    process pool."""
     lease_ttl_s: float = Field(120.0, ge=1)
     """A training run's lease (one trainer per run) goes stale this long after
     its trainer last renewed it (every lease_ttl_s / 4); then another may take over."""

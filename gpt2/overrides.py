@@ -100,10 +100,16 @@ def resolve_config(
     try:
         config = Config.model_validate(tree)
     except ValidationError as err:
+        # A field that takes one of several kinds (an int or `epoch`, a bool or
+        # `auto`) fails once per kind: one problem per field, its reasons joined.
+        by_field: dict[str, list[dict]] = {}
         for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "config"
+            by_field.setdefault(".".join(str(p) for p in e["loc"][:2]) or "config", []).append(e)
+        for where, errs in by_field.items():
+            e = errs[0]
             got = f" (got {e.get('input')!r})" if e["loc"] and not isinstance(e.get("input"), dict) else ""
-            problems.append(redact(f"{where}: {e['msg']}{got}"))
+            reasons = " or ".join(dict.fromkeys(x["msg"] for x in errs))
+            problems.append(redact(f"{where}: {reasons}{got}"))
         config = None
     if problems:
         raise ConfigError(problems)
