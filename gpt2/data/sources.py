@@ -1,5 +1,5 @@
-"""Where documents come from: fsspec URLs/globs streamed through `datasets`,
-or the built-in offline sample.
+"""Where documents come from: fsspec URLs/globs of files, or the built-in
+offline sample. Reading a file's documents is gpt2.data.unit_readers' part.
 
 `data.source` is either an fsspec URL or glob of `.jsonl`/`.json`/`.parquet`/
 `.txt` files (`file://`, `gs://`, `s3://`, `hf://datasets/...`) or
@@ -17,7 +17,6 @@ import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from gpt2 import storage
 from gpt2.config import DataConfig
@@ -39,7 +38,7 @@ class SourceFiles:
     """A resolved source: concrete file URLs of one format."""
 
     url: str
-    format: str  # a `datasets` packaged builder: json, parquet or text
+    format: str  # json (.jsonl, .json, .jsonl.gz), parquet or text
     files: tuple[str, ...]
     sizes: tuple[int, ...] = field(default=())
     builtin: bool = False
@@ -142,50 +141,6 @@ def download(source: SourceFiles, directory: Path, show_progress: bool = True) -
         local.append(str(target))
     bar.close()
     return SourceFiles(url=source.url, format=source.format, files=tuple(local), sizes=source.sizes)
-
-
-def iter_text_batches(
-    source: SourceFiles, text_field: str, skip: int = 0, batch_size: int = 256
-) -> Iterator[list[str]]:
-    """Stream documents' text in batches through `datasets` (bounded memory),
-    skipping the first `skip` documents (resume after a crash)."""
-    from datasets import load_dataset
-
-    kwargs = {"sample_by": "document"} if source.format == "text" else {}
-    field_name = "text" if source.format == "text" else text_field
-    try:
-        ds = load_dataset(source.format, data_files=list(source.files), split="train", streaming=True, **kwargs)
-    except StopIteration:  # datasets' schema inference found no rows at all
-        raise SourceError(f"data.source {source.url!r} holds no documents (its first file is empty)") from None
-    except Exception as err:
-        raise SourceError(f"cannot read data.source {source.url!r}: {type(err).__name__}: {err}") from err
-    if skip:
-        ds = ds.skip(skip)
-    checked = False
-    for batch in _named_errors(ds.iter(batch_size=batch_size), source.url):
-        if not checked:
-            if field_name not in batch:
-                raise SourceError(
-                    f"documents in {source.url!r} have no field {field_name!r}; available fields: "
-                    f"{', '.join(sorted(batch))}. Set data.text_field to the one holding the text"
-                )
-            checked = True
-        texts = batch[field_name]
-        if any(not isinstance(t, str) for t in texts):
-            raise SourceError(f"field {field_name!r} in {source.url!r} holds non-text values; set data.text_field")
-        yield texts
-
-
-def _named_errors(it: Iterator[dict], url: str) -> Iterator[dict]:
-    """Re-raise reader errors (malformed JSON, unreadable parquet) naming the source."""
-    while True:
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        except Exception as err:
-            raise SourceError(f"cannot read data.source {url!r}: {type(err).__name__}: {err}") from err
-        yield batch
 
 
 def count_documents(source: SourceFiles) -> int | None:

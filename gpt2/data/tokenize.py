@@ -1,28 +1,31 @@
-"""Data step 2, tokenize: the source's documents into local token parts.
+"""Data step 2, tokenize: the source's work units into local token parts.
 
-Parts are sealed every `runtime.tokenize_part_tokens` tokens, each with its
-record, so a killed run resumes after the last complete part; the step's own
-record (`done.json`) is written last. The worker pool that encodes the
-documents is gpt2.data.tokenize_pool. Documents longer than
-`data.max_document_chars` are truncated to it before they reach a worker, and
-counted.
+The source is cut into work units (gpt2.data.units: JSONL byte ranges, parquet
+row groups, whole files) of at most about `runtime.tokenize_part_tokens`
+tokens; an executor (this machine's process pool, gpt2.data.unit_pool, or a
+cluster) reads, tokenizes and writes each unit as one part with its record.
+This process only hands out units and takes their results in unit order, so
+the token stream is the same for any number of workers, a killed run redoes
+only the units without a complete record, and data.max_documents /
+data.max_tokens stop the handing out once the in-order totals reach them.
+Documents longer than `data.max_document_chars` are truncated and counted.
+The step's own record (`done.json`) is written last.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.data import sources
-from gpt2.data.tokenize_pool import tokenize_stream
+from gpt2.data.unit_pool import UnitPool
+from gpt2.data.units import Unit, UnitExecutor, UnitResult, completed, fetch, plan_units, tokenize_unit
 from gpt2.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -67,94 +70,6 @@ def reuse(record_path: Path, model: type[BaseModel], ok: Callable[[BaseModel], b
     return None
 
 
-def _completed_parts(directory: Path) -> list[dict]:
-    parts = []
-    for meta in sorted(directory.glob("part_*.json")):
-        info = storage.read_record(str(meta))
-        data = directory / info["file"] if isinstance(info, dict) and "file" in info else None
-        if data is None or not data.is_file() or data.stat().st_size != 2 * info.get("tokens", -1):
-            break  # a part whose data no longer matches its record: redo from here
-        parts.append(info)
-    return parts
-
-
-class _PartWriter:
-    """Appends token arrays to the current part file; seals a part (rename +
-    record) every `part_tokens` tokens so a killed run resumes after it."""
-
-    def __init__(self, directory: Path, parts: list[dict], part_tokens: int):
-        self.directory, self.parts, self.part_tokens = directory, parts, part_tokens
-        self.file, self.docs, self.tokens, self.truncated = None, 0, 0, 0
-
-    @property
-    def _tmp(self) -> Path:
-        return self.directory / f"part_{len(self.parts):06d}.bin.tmp"
-
-    def write(self, n_docs: int, arr: np.ndarray, truncated: int = 0) -> None:
-        if self.file is None:
-            self.file = open(self._tmp, "wb")  # noqa: SIM115 - open across writes, closed by seal()/close()
-        self.file.write(arr.tobytes())
-        self.docs, self.tokens = self.docs + n_docs, self.tokens + len(arr)
-        self.truncated += truncated
-        if self.tokens >= self.part_tokens:
-            self.seal()
-
-    def seal(self) -> None:
-        if self.file is None:
-            return
-        self.file.close()
-        self.file = None
-        name = f"part_{len(self.parts):06d}"
-        storage.replace_durably(self._tmp, self.directory / f"{name}.bin")  # durable before its record
-        info = {"file": f"{name}.bin", "documents": self.docs, "tokens": self.tokens, "truncated": self.truncated}
-        storage.write_record(str(self.directory / f"{name}.json"), info)
-        self.parts.append(info)
-        self.docs = self.tokens = self.truncated = 0
-
-    def close(self) -> None:
-        if self.file is not None:  # an unsealed part is redone on the next run
-            self.file.close()
-
-
-def _limited(batches: Iterator[list[str]], max_docs: int | None) -> Iterator[list[str]]:
-    for texts in batches:
-        if max_docs is not None:
-            texts = texts[:max_docs]
-            max_docs -= len(texts)
-        if texts:
-            yield texts
-        if max_docs == 0:
-            return
-
-
-class _Truncator:
-    """Cuts documents to data.max_document_chars: a worker's time and memory
-    grow with a document's length (up to ~50 bytes a character on long runs
-    without whitespace), so one huge document could stall or kill it."""
-
-    def __init__(self, max_chars: int, first_doc: int):
-        self.max_chars, self.doc, self.total = max_chars, first_doc, 0
-        # Documents cut in each batch passed on, oldest first: tokenize_stream
-        # answers every batch once, in order, so take() pairs with its results.
-        self.cut: deque[int] = deque()
-
-    def __call__(self, batches: Iterator[list[str]]) -> Iterator[list[str]]:
-        for texts in batches:
-            long = [i for i, t in enumerate(texts) if len(t) > self.max_chars]
-            if long and not self.total:
-                log.warning("document %d has %d characters; keeping its first data.max_document_chars=%d "
-                            "(further cuts are counted)", self.doc + long[0], len(texts[long[0]]), self.max_chars)
-            if long:
-                texts = [t[: self.max_chars] for t in texts]
-            self.cut.append(len(long))
-            self.total += len(long)
-            self.doc += len(texts)
-            yield texts
-
-    def take(self) -> int:
-        return self.cut.popleft()
-
-
 SMALL_CORPUS_BYTES = 16 << 20
 """Below this, starting worker processes (~1 s each) costs more than it saves."""
 
@@ -167,8 +82,10 @@ def _workers(config: Config, source: sources.SourceFiles) -> int:
 
 
 def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progress | None = None,
-                    show_progress: bool = True) -> Tokenized:
-    """Tokenize the source into local parts, resuming after the last complete one."""
+                    show_progress: bool = True, executor: UnitExecutor | None = None) -> Tokenized:
+    """Tokenize the source's work units into local parts, resuming after the
+    last complete ones. executor: where units run (None: this machine's
+    process pool of runtime.num_workers)."""
     directory = layout.data_step_dir(config, "tokenize")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / DONE_RECORD
@@ -176,60 +93,127 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
         return done
     for stray in directory.glob("*.tmp"):
         stray.unlink()
-    parts = _completed_parts(directory)
-    docs = sum(p["documents"] for p in parts)
-    tokens = sum(p["tokens"] for p in parts)
-    if parts:
-        log.info("resuming tokenization after %d documents (%d tokens) in %d parts", docs, tokens, len(parts))
-    max_docs, max_tokens = config.data.max_documents, config.data.max_tokens
-    total_docs = min(filter(None, (sources.count_documents(source), max_docs)), default=None)
-    truncate = _Truncator(config.data.max_document_chars, docs)
-    batches = truncate(_limited(
-        sources.iter_text_batches(source, config.data.text_field, skip=docs),
-        None if max_docs is None else max_docs - docs,
-    ))
-    writer = _PartWriter(directory, parts, config.runtime.tokenize_part_tokens)
-    bar = _TokenizeBar(show_progress, total_docs, docs, tokens)
+    units = plan_units(source, config.runtime.tokenize_part_tokens)
+    executor = executor or UnitPool(config, directory, _workers(config, source))
+    total_docs = min(filter(None, (sources.count_documents(source), config.data.max_documents)), default=None)
+    run = _Coordinator(config, directory, units, _TokenizeBar(show_progress, total_docs), progress, total_docs)
     try:
-        # A worker's death raises here; the finally below keeps every part
-        # sealed so far, and the rerun resumes after them.
-        for n_docs, arr in tokenize_stream(batches, _workers(config, source), first_document=docs):
-            if max_tokens is not None:
-                arr = arr[: max_tokens - tokens]  # exact cut: independent of batching
-            writer.write(n_docs, arr, truncate.take())
-            docs, tokens = docs + n_docs, tokens + len(arr)
-            bar.update(n_docs, tokens)
-            if progress:
-                progress(docs, tokens, total_docs)
-            if max_tokens is not None and tokens >= max_tokens:
-                break
-        writer.seal()
+        run.start()
+        run.follow(executor)
     finally:
-        writer.close()
-        bar.close()
-    if docs == 0 or tokens == 0:
+        run.bar.close()
+    if run.docs == 0 or run.tokens == 0:
         raise EmptyCorpusError(
             f"data.source {config.data.source!r} yielded no documents; check the URL/glob and data.text_field"
         )
-    truncated = sum(p.get("truncated", 0) for p in parts)
-    if truncated:
+    if run.truncated:
         log.warning("%d documents were longer than data.max_document_chars=%d characters and were truncated to it",
-                    truncated, config.data.max_document_chars)
-    result = Tokenized(directory=str(directory), documents=docs, tokens=tokens, parts=[p["file"] for p in parts],
-                       truncated=truncated)
+                    run.truncated, config.data.max_document_chars)
+    result = Tokenized(directory=str(directory), documents=run.docs, tokens=run.tokens, parts=run.parts,
+                       truncated=run.truncated)
     storage.write_record(str(done_file), result.model_dump(mode="json"))
     return result
+
+
+class _Coordinator:
+    """Hands out units and takes their results in unit order: totals, the
+    progress bar, the truncation warning, and the limits. No per-document
+    work, except re-tokenizing the one unit where a limit falls."""
+
+    def __init__(self, config: Config, directory: Path, units: list[Unit], bar: _TokenizeBar,
+                 progress: Progress | None, total_docs: int | None):
+        self.config, self.directory, self.units, self.bar = config, directory, units, bar
+        self.progress, self.total_docs = progress, total_docs
+        self.ready: dict[int, UnitResult] = {}
+        self.next = self.docs = self.tokens = self.truncated = 0
+        self.parts: list[str] = []
+        self.stopped = False
+
+    def start(self) -> None:
+        """Take the units a previous run completed."""
+        for unit in self.units:
+            if (result := completed(str(self.directory), unit)) is not None:
+                self.ready[unit.index] = result
+        if self.ready:
+            log.info("resuming tokenization: %d of %d units already complete", len(self.ready), len(self.units))
+        self._advance()
+        self.bar.resumed(self.tokens)
+
+    def follow(self, executor: UnitExecutor) -> None:
+        remote = _elsewhere(executor.directory, self.directory)
+        results = executor.map(self._pending())
+        try:
+            for result in results:
+                if remote:
+                    fetch(result, executor.directory, self.directory, self.units[result.index])
+                self.ready[result.index] = result
+                self._advance()
+                if self.stopped:
+                    break
+        finally:
+            getattr(results, "close", lambda: None)()  # stops a pool at once when the limits are met
+        if not self.stopped and self.next < len(self.units):
+            raise RuntimeError(f"the unit executor returned no result for {self.units[self.next]}")
+
+    def _pending(self) -> Iterator[Unit]:
+        known = set(self.ready) | set(range(self.next))
+        for unit in self.units:
+            if self.stopped:
+                return
+            if unit.index not in known:
+                yield unit
+
+    def _advance(self) -> None:
+        while not self.stopped and self.next in self.ready:
+            self._take(self._within_limits(self.ready.pop(self.next)))
+            self.next += 1
+
+    def _within_limits(self, result: UnitResult) -> UnitResult:
+        max_docs, max_tokens = self.config.data.max_documents, self.config.data.max_tokens
+        over_docs = max_docs is not None and self.docs + result.documents > max_docs
+        over_tokens = max_tokens is not None and self.tokens + result.tokens > max_tokens
+        if not (over_docs or over_tokens):
+            return result
+        limit = (None if max_docs is None else max_docs - self.docs,
+                 None if max_tokens is None else max_tokens - self.tokens)
+        # The one unit a limit falls in is tokenized again here, up to the limit.
+        return tokenize_unit(self.config, self.units[result.index], str(self.directory), limit)
+
+    def _take(self, result: UnitResult) -> None:
+        if result.first_cut and not self.truncated:
+            doc, chars = result.first_cut
+            log.warning("document %d has %d characters; keeping its first data.max_document_chars=%d "
+                        "(further cuts are counted)", self.docs + doc, chars, self.config.data.max_document_chars)
+        self.docs, self.tokens = self.docs + result.documents, self.tokens + result.tokens
+        self.truncated += result.truncated
+        self.parts.append(result.name)
+        max_docs, max_tokens = self.config.data.max_documents, self.config.data.max_tokens
+        self.stopped = (max_docs is not None and self.docs >= max_docs) or (
+            max_tokens is not None and self.tokens >= max_tokens)
+        self.bar.update(result.documents, self.tokens)
+        if self.progress:
+            self.progress(self.docs, self.tokens, self.total_docs)
+
+
+def _elsewhere(directory: str, local: Path) -> bool:
+    """Whether an executor writes somewhere other than the local tokens directory."""
+    path = storage.local_path(storage.normalize_url(directory))
+    return path is None or path.resolve() != local.resolve()
 
 
 class _TokenizeBar:
     """tqdm over documents (rate and ETA when the total is known) with the
     token count and tokens/s alongside; on stderr, so --json stays clean."""
 
-    def __init__(self, enabled: bool, total: int | None, docs: int, tokens: int):
+    def __init__(self, enabled: bool, total: int | None):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=total, initial=docs, unit="doc", desc="tokenize", disable=not enabled,
-                        smoothing=0.05, dynamic_ncols=True)
+        self.bar = tqdm(total=total, unit="doc", desc="tokenize", disable=not enabled, smoothing=0.05,
+                        dynamic_ncols=True)
+        self.start, self.start_tokens = time.perf_counter(), 0
+
+    def resumed(self, tokens: int) -> None:
+        """Tokens a previous run made: not counted in the rate."""
         self.start, self.start_tokens = time.perf_counter(), tokens
 
     def update(self, n_docs: int, tokens: int) -> None:

@@ -94,10 +94,10 @@ prepare.prepare_data(config, show_progress=False)
 """
 
 
-@pytest.mark.parametrize(("limit_kib", "shard_size", "step"), [(12, 8192, "tokenize"), (48, 32768, "shard")])
+@pytest.mark.parametrize(("limit_kib", "shard_size", "step"), [(3, 8192, "tokenize"), (48, 32768, "shard")])
 def test_a_full_disk_midway_loses_nothing_and_the_rerun_finishes(tmp_path, corpus, limit_kib, shard_size, step):
-    """Files may grow to `limit_kib` only, so writing a token part (~27 KiB)
-    (up to ~40 KiB) or a shard fails like a full disk. The run fails naming the error; nothing
+    """Files may grow to `limit_kib` only, so writing a token part (a work
+    unit of ~2,500 tokens, ~5 KiB) or a shard (up to ~40 KiB) fails like a full disk. The run fails naming the error; nothing
     half-written carries a final name; the rerun with room finishes with the
     shards of a run that never failed."""
     corpus = {**corpus, "data.shard_size": shard_size}

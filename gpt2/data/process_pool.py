@@ -1,0 +1,246 @@
+"""A pool of worker processes that applies one function to a stream of jobs
+and yields the results in input order, for tokenizing (gpt2.data.tokenize_pool)
+and for work units (gpt2.data.unit_pool).
+
+Each worker has its own pipes, so the parent always knows which jobs a
+worker holds: a worker that dies (killed for memory, crashed) is an error
+naming it, its exit signal and its job, raised as soon as the parent
+sees the process gone, never a wait for a result that cannot come
+(multiprocessing.Pool replaces a dead worker and loses its task). At most
+`window` jobs are in flight, so memory is bounded whatever the stream's length.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from gpt2.errors import UserError
+
+AHEAD_PER_WORKER = 2
+"""Batches sent to a worker before its oldest comes back, so it never idles
+waiting for the parent between two batches."""
+
+EXIT_WAIT_S = 5.0
+"""How long to wait for a worker whose pipe broke to show its exit status."""
+
+
+class TokenizeWorkerError(UserError, RuntimeError):
+    """A tokenizer worker died or failed; the message names it and its documents."""
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def run_pool(fn: Callable, jobs: Iterable[tuple[object, object]], workers: int, window: int,
+             warm_up: Callable | None = None) -> Iterator[tuple[object, object]]:
+    """(label, fn(payload)) for every (label, payload) job, in input order, on
+    `workers` processes with at most `window` jobs sent or waiting to be
+    yielded. fn must be picklable (a module-level function or a partial of
+    one); a label's str names the job in errors. warm_up runs in each worker
+    before its first job (loading an encoding, say)."""
+    pool = _Pool(workers, fn, warm_up)
+    finished = False
+    try:
+        yield from pool.run(jobs, window)
+        finished = True
+    finally:
+        pool.close(graceful=finished)  # an error or an early stop kills the workers at once
+
+
+# --- the workers --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What a worker sends back instead of a result when its job raised."""
+
+    error: str
+    traceback: str
+    user_error: UserError | None = None
+    """Bad input (a UserError), raised as itself in the parent."""
+
+
+def _serve(tasks: Connection, results: Connection, fn: Callable, warm_up: Callable | None) -> None:
+    """A worker: apply fn to the jobs it is sent, in order, until None or the parent goes."""
+    # Ctrl-C reaches the whole process group: the parent decides, and stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if warm_up is not None:
+        warm_up()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_receive, args=(tasks, inbox), daemon=True).start()
+    while (job := inbox.get()) is not None:
+        try:
+            reply = fn(job)
+        except BaseException as err:  # noqa: BLE001 - tiktoken's PanicException is not an Exception
+            user = err if isinstance(err, UserError) else None
+            reply = _Failure(f"{type(err).__name__}: {err}", traceback.format_exc(), user)
+        try:
+            results.send(reply)
+        except OSError:  # the parent is gone
+            return
+
+
+def _receive(tasks: Connection, inbox: queue.SimpleQueue) -> None:
+    # Read batches as they come, even while one is encoded: otherwise the
+    # parent, blocked sending us a batch, and we, blocked sending it a result,
+    # would wait on each other.
+    try:
+        while (texts := tasks.recv()) is not None:
+            inbox.put(texts)
+    except (EOFError, OSError):  # the parent is gone
+        pass
+    inbox.put(None)
+
+
+# --- the parent's side ----------------------------------------------------------
+
+
+@dataclass
+class _Worker:
+    process: mp.process.BaseProcess
+    tasks: Connection
+    results: Connection
+    held: deque = field(default_factory=deque)
+    """(index, label) of jobs sent and not yet answered, oldest (the one being worked on) first."""
+
+    @classmethod
+    def start(cls, ctx, fn: Callable, warm_up: Callable | None) -> _Worker:
+        tasks_out, tasks_in = ctx.Pipe(duplex=False)
+        results_out, results_in = ctx.Pipe(duplex=False)
+        # spawn, not fork: the parent may hold threads (datasets, Prefect) that
+        # a forked child would inherit in a locked state.
+        process = ctx.Process(target=_serve, args=(tasks_out, results_in, fn, warm_up), name="tokenize-worker",
+                              daemon=True)
+        process.start()
+        # Drop our copies of the worker's ends, so its death reads as EOF here.
+        tasks_out.close()
+        results_in.close()
+        return cls(process, tasks_in, results_out)
+
+    def died(self) -> TokenizeWorkerError:
+        self.process.join(EXIT_WAIT_S)
+        code, pid = self.process.exitcode, self.process.pid
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            how = f"was killed by {_signal_name(-code)}"
+        else:
+            how = f"exited with code {code}"
+        doing = f"while it held {self.held[0][1]}" if self.held else "while idle"
+        return TokenizeWorkerError(
+            f"tokenizer worker (pid {pid}) {how} {doing}. A kill (SIGKILL) is most often the system running out of "
+            "memory: lower runtime.num_workers or data.max_document_chars, or free memory, then rerun; it resumes "
+            "after the last complete part."
+        )
+
+    def failed(self, failure: _Failure) -> UserError:
+        if failure.user_error is not None:  # bad input: the same error as in a single process
+            failure.user_error.__cause__ = RuntimeError("traceback in the worker:\n" + failure.traceback)
+            return failure.user_error
+        job = self.held[0][1]
+        err = TokenizeWorkerError(f"tokenizer worker (pid {self.process.pid}) failed on {job}: {failure.error}")
+        err.__cause__ = RuntimeError("traceback in the worker:\n" + failure.traceback)
+        return err
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class _Pool:
+    def __init__(self, workers: int, fn: Callable, warm_up: Callable | None = None):
+        ctx = mp.get_context("spawn")
+        self.workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self.workers.append(_Worker.start(ctx, fn, warm_up))
+        except BaseException:
+            self.close(graceful=False)
+            raise
+
+    def run(self, jobs: Iterable[tuple[object, object]], window: int) -> Iterator[tuple[object, object]]:
+        """Results in input order, with at most `window` jobs sent or waiting to be yielded."""
+        jobs = iter(jobs)
+        ready: dict[int, tuple[object, object]] = {}
+        sent = done = 0
+        more = True
+        while True:
+            while more and sent - done < window and (worker := self._least_busy()) is not None:
+                job = next(jobs, None)
+                if job is None:
+                    more = False
+                    break
+                self._send(worker, (sent, job[0]), job[1])
+                sent += 1
+            if done in ready:
+                yield ready.pop(done)
+                done += 1
+            elif not more and done == sent:
+                return
+            else:
+                self._collect(ready)
+
+    def _least_busy(self) -> _Worker | None:
+        worker = min(self.workers, key=lambda w: len(w.held))
+        return worker if len(worker.held) < AHEAD_PER_WORKER else None
+
+    def _send(self, worker: _Worker, held: tuple[int, object], payload: object) -> None:
+        worker.held.append(held)
+        try:
+            worker.tasks.send(payload)
+        except OSError:  # a broken pipe: the worker is gone
+            raise worker.died() from None
+
+    def _collect(self, ready: dict) -> None:
+        """Wait for a result or a worker's exit, whichever comes first."""
+        answering = {w.results: w for w in self.workers if w.held}
+        exiting = {w.process.sentinel: w for w in self.workers}
+        for obj in wait([*answering, *exiting]):
+            if obj in answering:
+                worker = answering[obj]
+                try:
+                    reply = worker.results.recv()
+                except (EOFError, OSError):
+                    raise worker.died() from None
+                if isinstance(reply, _Failure):
+                    raise worker.failed(reply)
+                index, label = worker.held.popleft()
+                ready[index] = (label, reply)
+            elif not exiting[obj].held:  # gone while holding a batch: its pipe's EOF says so, above
+                raise exiting[obj].died()
+
+    def close(self, graceful: bool) -> None:
+        for w in self.workers:
+            if graceful:
+                try:
+                    w.tasks.send(None)
+                except OSError:
+                    pass
+        for w in self.workers:
+            if graceful:
+                w.process.join(EXIT_WAIT_S)
+            if w.process.is_alive():
+                w.process.terminate()
+                w.process.join(EXIT_WAIT_S)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+            w.tasks.close()
+            w.results.close()
+
