@@ -2,6 +2,8 @@
 
     python -m gpt2.train --config run.json                    # one device
     torchrun --standalone --nproc_per_node=8 -m gpt2.train --config run.json
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=node0:29500 \
+        --rdzv-id=RUN -m gpt2.train --config run.json           # on each of 2 machines
     python -m gpt2.train --config run.json --fresh            # start over
 
 `run.json` is a full config (`gpt2 config show ... > run.json`). Rerunning the
@@ -45,6 +47,10 @@ def _rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
 def _reporter(rank: int, max_steps: int, status: StatusFile | None):
     """Rank 0's progress: the terminal bar, and the status file when asked for."""
     if rank != 0:
@@ -65,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     config = Config.model_validate(json.loads(args.config.read_text()))
-    status = StatusFile(args.status) if args.status and rank == 0 else None
+    # Every machine's launcher needs the outcome: local rank 0 writes it where global rank 0 is elsewhere.
+    status = StatusFile(args.status) if args.status and (rank == 0 or _local_rank() == 0) else None
     outcome = status.write if status is not None else lambda *a, **k: None
     bar, report = _reporter(rank, config.train.max_steps, status)
     try:
@@ -85,11 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bar is not None:
             bar.close()
+    outcome("done", result=result.to_dict())  # every machine's launcher reads its own
     if rank == 0:
         text = json.dumps(result.to_dict())
         if args.result:
             args.result.write_text(text + "\n")
-        outcome("done", result=result.to_dict())
         print(text)
     return 0
 

@@ -1,8 +1,11 @@
 """Run the training stage on this machine: in-process on one device, or as
-`torchrun --nproc_per_node=N -m gpt2.train` for several GPUs.
+`torchrun --nproc_per_node=N -m gpt2.train` for several GPUs, and with
+`runtime.nnodes` > 1 as this machine's part of a c10d rendezvous
+(gpt2.train.multinode).
 
 A torchrun child reports in structured form, never through its log lines:
-rank 0 appends one JSON object per line to a status file (`--status PATH`):
+rank 0 (and, on the other machines of a multi-node run, each one's local
+rank 0, outcome only) appends one JSON object per line to a status file (`--status PATH`):
 `{"event": "step", ...StepInfo}` after every step, then exactly one of
 `{"event": "done", "result": {...}}`, `{"event": "preempted", "message": ...}`
 or `{"event": "error", "message": ...}`. The parent reads new events as they
@@ -27,11 +30,12 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2.config import Config
+from gpt2.train import multinode
 from gpt2.train.distributed import resolve_nproc, visible_gpus
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.run import Preempted, TrainResult, train
-from gpt2.train.session import TrainingError
+from gpt2.train.session import TrainingError, check_batch_shape
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +71,12 @@ def step_info(event: dict) -> StepInfo:
 
 
 def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_run_id: str | None,
-                     tags: dict | None) -> list[str]:
-    """The trainer's command line: under torchrun for several processes, plain
-    `python -m gpt2.train` for one."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
+                     tags: dict | None, rendezvous: list[str] | None = None) -> list[str]:
+    """The trainer's command line: under torchrun for several processes or
+    with `rendezvous` (multinode.rendezvous_args), plain `python -m gpt2.train` for one."""
+    launcher = []
+    if nproc > 1 or rendezvous:
+        launcher = ["-m", "torch.distributed.run", *(rendezvous or ["--standalone"]), f"--nproc_per_node={nproc}"]
     cmd = [sys.executable, *launcher, "-m", "gpt2.train", "--config", str(config_path), "--status", str(status_path)]
     if parent_run_id:
         cmd += ["--parent-run-id", parent_run_id]
@@ -133,7 +139,9 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
     with tempfile.TemporaryDirectory(prefix="gpt2-train-") as tmp:
         config_path, status = Path(tmp) / "run.json", StatusFile(Path(tmp) / "status.jsonl")
         config_path.write_text(json.dumps(config.model_dump(mode="json")))
-        cmd = torchrun_command(config_path, status.path, nproc or nproc_per_node(config), parent_run_id, tags)
+        rendezvous = multinode.rendezvous_args(config) if config.runtime.nnodes > 1 else None
+        cmd = torchrun_command(config_path, status.path, nproc or nproc_per_node(config), parent_run_id, tags,
+                               rendezvous)
         emit("starting: " + " ".join(cmd))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -182,8 +190,12 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     """Train on one device in this process, or in a child process: always for
     several devices (torchrun), and with `isolate` for one (what the Prefect
     task asks for, so the flow-run process stays responsive and keeps its own
-    SIGTERM handling)."""
+    SIGTERM handling). With `runtime.nnodes` > 1 this is one machine's part:
+    every machine runs the same config."""
     nproc = nproc_per_node(config)
-    if isolate or nproc > 1:
+    multinode.check(config)
+    # Fail here, before any process starts, when the global batch cannot split over every node's processes.
+    check_batch_shape(config, multinode.world_size(config, nproc))
+    if isolate or nproc > 1 or config.runtime.nnodes > 1:
         return torchrun_train(config, progress, log_line, parent_run_id, tags, nproc)
     return train(config, progress=progress, parent_run_id=parent_run_id, tags=tags)
