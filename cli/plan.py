@@ -82,5 +82,7 @@ def describe(p: dict[str, Any]) -> str:
     width = max(len(name) for name, _ in rows) + 2
     lines = [f"plan for preset {p['preset']} (estimates, nothing was run)"]
     lines += [f"  {name + ':':<{width}}{value}" for name, value in rows]
+    if p.get("steps_note"):
+        lines.append(f"  steps: {p['steps_note']}")
     lines.append(f"  counted: {p['counted']}; not counted: {p['not_counted']}")
     return "\n".join(lines)

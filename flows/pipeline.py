@@ -28,6 +28,7 @@ from flows.train import train_flow
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
+from gpt2.steps import EPOCH, with_resolved_steps
 from gpt2.tracking import Tracker
 from tasks.tracking import stage_run
 
@@ -61,6 +62,19 @@ def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id
     return local(**params, parent_run_id=parent_run_id)
 
 
+def pin_steps(config: Config, params: dict[str, Any]) -> Config:
+    """After the data stage: `train.max_steps=epoch` resolved once, from the
+    manifest it wrote, and pinned into the stages' overrides, so train,
+    evaluate and export (on any machine) name the same run."""
+    if config.train.max_steps != EPOCH:
+        return config
+    config = with_resolved_steps(config)
+    params["overrides"] = {**params["overrides"], "train.max_steps": config.train.max_steps}
+    get_run_logger().info("train.max_steps=epoch: %d steps (one pass over the prepared train split)",
+                          config.train.max_steps)
+    return config
+
+
 def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> dict[str, Any]:
     train, evaluation, export = results["train"], results["evaluate"], results["export"]
     return {
@@ -88,13 +102,16 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     params = {"preset": preset, "overrides": overrides}
     results: dict[str, dict[str, Any]] = {}
     with parent_tracker(config, preset) as parent:
-        parent.log_params(config.model_dump(mode="json"))
         for stage in STAGES:
             started = time.perf_counter()
             results[stage] = _run_stage(stage, config, params, parent.run_id)
             took = time.perf_counter() - started
             logger.info("stage %s %s in %.1f s", stage, "cached" if results[stage].get("cached") else "done", took)
             parent.log_metrics({f"stage_seconds/{stage}": took}, step=0)
+            if stage == "data":
+                config = pin_steps(config, params)
+                # Logged once the step count is known (MLflow never changes a param's value).
+                parent.log_params(config.model_dump(mode="json"))
         summary = summarize(results, parent.run_id)
         metrics = {"final_val_loss": summary["final_val_loss"]}
         metrics.update({f"hellaswag/{k}": v for k, v in (summary["hellaswag"] or {}).items()

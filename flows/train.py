@@ -25,6 +25,7 @@ from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
 from gpt2.data.manifest import load_manifest
 from gpt2.overrides import resolve_config
+from gpt2.steps import with_resolved_steps
 from tasks.common import bind, run_cached
 from tasks.tracking import flow_run_tags
 from tasks.train import train as train_task
@@ -69,7 +70,8 @@ def run_train_stage(config: Config, fresh: bool = False, parent_run_id: str | No
 def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, root: str | None = None,
                fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
     """Train a preset plus dotted-key overrides; returns the training result."""
-    config = resolve_config(preset, overrides or {}, root=root)
+    # `epoch` becomes a number first: the run's name depends on it.
+    config = with_resolved_steps(resolve_config(preset, overrides or {}, root=root))
     get_run_logger().info("training %s (%d steps) -> %s", layout.run_name(config),
                           config.train.max_steps, layout.run_dir(config))
     result = run_train_stage(config, fresh, parent_run_id)

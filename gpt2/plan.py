@@ -26,6 +26,7 @@ from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_
 from gpt2.data.sources import resolve as resolve_source
 from gpt2.errors import UserError
 from gpt2.model import GPT
+from gpt2.steps import planned_steps
 from gpt2.train.memory import estimate_step_bytes
 from gpt2.train.session import check_batch_shape
 from gpt2.train.step import micro_batch_candidates
@@ -115,6 +116,9 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     if price_per_hour is not None and price_per_hour < 0:
         raise PlanError(f"--price-per-hour must not be negative, got {price_per_hour}")
     g = gpu(gpu_name)
+    # train.max_steps=epoch: the root's manifest says how many, else an assumption the plan names.
+    steps, steps_from, steps_note = planned_steps(config)
+    config = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
     t, m = config.train, config.model
     n_params, flops_per_token = model_size(config)
     seqs_per_rank = check_batch_shape(config, gpus)
@@ -162,6 +166,8 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "params": n_params,
         "flops_per_token": flops_per_token,
         "steps": t.max_steps,
+        "steps_from": steps_from,
+        "steps_note": steps_note,
         "total_batch_tokens": t.total_batch_tokens,
         "tokens": tokens,
         "micro_batch_size": micro or None,

@@ -2,7 +2,10 @@
 
 `smoke` runs the whole pipeline on a CPU, offline, in minutes (tests and CI use
 it); `gpt2-124m` trains GPT-2 (124M) with llm.c's hyperparameters (batch, schedule,
-AdamW settings) on FineWeb-edu sample-10BT, the data of Karpathy's build-nanogpt
+AdamW settings) for one epoch of FineWeb-edu sample-10BT (`train.max_steps=epoch`:
+the steps follow from the prepared train split, ~19,073 of 524,288 tokens for its
+~10B tokens, so the last steps never re-read the first shard; gpt2.steps), the
+data of Karpathy's build-nanogpt
 (llm.c's own 124M run used FineWeb 10B, not the edu subset, so its HellaSwag
 curve is a reference, not a target to match step for step).
 """
@@ -28,7 +31,7 @@ def gpt2_124m() -> Config:
         train=TrainConfig(
             total_batch_tokens=524_288,
             micro_batch_size="auto",
-            max_steps=19_073,
+            max_steps="epoch",
             lr=6e-4,
             min_lr_ratio=0.0,
             warmup_steps=700,

@@ -13,6 +13,7 @@ from prefect import get_run_logger, task
 from gpt2 import layout
 from gpt2.config import Config
 from gpt2.identity import train_fingerprint
+from gpt2.steps import with_resolved_steps
 from gpt2.train.launch import train_stage
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.session import TrainingError
@@ -26,6 +27,7 @@ def _retryable(task, task_run, state) -> bool:
 @task(name="train", cache_key_fn=identity_cache_key("train", train_fingerprint), persist_result=True,
       retries=2, retry_delay_seconds=30, retry_condition_fn=_retryable)
 def train(config: Config, parent_run_id: str | None = None, tags: dict | None = None) -> dict:
+    config = with_resolved_steps(config)  # the flow passes it resolved; direct callers may not
     artifact = ProgressArtifact(f"Training {layout.run_name(config)}")
     bar = ProgressBar(config.train.max_steps)
 

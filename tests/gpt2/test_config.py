@@ -8,6 +8,7 @@ from gpt2.config import Config
 from gpt2.identity import data_fingerprint, data_step_fingerprint, train_fingerprint
 from gpt2.overrides import ConfigError, parse_assignments, resolve_config
 from gpt2.presets import PRESETS
+from gpt2.steps import planned_steps
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -24,8 +25,9 @@ def test_gpt2_124m_is_the_llmc_recipe():
     assert c.train.total_batch_tokens == 524_288
     assert c.train.betas == (0.9, 0.95) and c.train.lr == 6e-4 and c.train.weight_decay == 0.1
     assert c.train.grad_clip == 1.0 and 600 <= c.train.warmup_steps <= 800
-    # ~10B tokens of decay
-    assert 9.5e9 < c.train.max_steps * c.train.total_batch_tokens < 10.5e9
+    # One epoch of the prepared split: ~10B tokens of decay (19,073 steps) before the data stage has run
+    assert c.train.max_steps == "epoch"
+    assert 9.5e9 < planned_steps(c)[0] * c.train.total_batch_tokens < 10.5e9
     assert "fineweb-edu" in c.data.source and "10BT" in c.data.source
 
 
@@ -212,5 +214,6 @@ def test_gpt2_presets_have_the_sizes_of_their_names(name, params_m, tokens_b):
     padding = (config.model.vocab_size - 50257) * config.model.n_embd
     total = model.num_params(non_embedding=False) - padding
     assert total / 1e6 == pytest.approx(params_m, rel=0.01)
-    assert config.train.max_steps * config.train.total_batch_tokens / 1e9 == pytest.approx(tokens_b, rel=0.02)
+    steps = planned_steps(config)[0]  # gpt2-124m: one epoch, ~10B tokens until the data says how many
+    assert steps * config.train.total_batch_tokens / 1e9 == pytest.approx(tokens_b, rel=0.02)
     assert config.train.micro_batch_size == "auto" and config.train.warmup_steps == 700
