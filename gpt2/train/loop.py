@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,13 +25,14 @@ import torch
 
 from gpt2 import layout
 from gpt2.checkpoint.lease import LeaseLost
+from gpt2.checkpoint.staging import staging_dir
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
 from gpt2.train.distributed import all_reduce, any_rank, autocast
-from gpt2.train.optim import lr_at, set_lr
+from gpt2.train.optim import gather_state, lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.report import loss_curve_png, text_samples
 from gpt2.train.session import Session, TrainingError, rng_state
@@ -67,7 +68,9 @@ class Loop:
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
         # Only rank 0 writes; the others keep no writer.
         self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url,
-                                       fence=session.lease.check if session.lease else None) \
+                                       fence=session.lease.check if session.lease else None,
+                                       staging=staging_dir(self.cfg),
+                                       metrics=lambda values, step: self.tracker.log_metrics(values, step)) \
             if session.env.is_main else None
         self.saved_step = session.start_step
         self.throughput = Throughput()
@@ -82,6 +85,7 @@ class Loop:
                                enabled=session.env.is_main, system_metrics=True)
         if session.env.is_main and not state:
             self.tracker.log_params(self.cfg.model_dump(mode="json"))
+            self.tracker.log_params({"resolved.runtime": asdict(session.memory)})  # what `auto` chose
             self.tracker.log_dict(self.cfg.model_dump(mode="json"), "config.json")
 
     def run(self) -> Outcome:
@@ -256,6 +260,7 @@ class Loop:
 
     def _save(self, done: int) -> None:
         self.saved_step = done
+        gather_state(self.s.optimizer)  # ZeRO-1: every rank sends its shard to rank 0, the writer
         if self.writer is not None:
             url = layout.checkpoint_dir(self.run_dir, done)
             held = self.writer.submit(url, self.s.raw_model, self.s.optimizer, self._state(done),

@@ -3,18 +3,22 @@
 On CUDA the limit is the caching allocator's per-process fraction, so going
 over it raises the real `torch.OutOfMemoryError`. A CPU has no such allocator
 cap, so the limit is enforced by accounting: parameters, their gradients and
-AdamW's two moment buffers (4 × parameter bytes, counted up front because the
-optimizer step will need them) plus every tensor autograd saves for backward,
-counted as it is saved. Crossing the limit raises `torch.OutOfMemoryError`
-from inside the forward pass, which is where a GPU would run out too. This
-lets the micro-batch search and the mid-run OOM error run for real on a CPU.
+AdamW's two moment buffers for the parameters this rank steps (all of them, or
+its ZeRO-1 share; counted up front because the optimizer step will need them)
+plus every tensor autograd saves for backward, counted as it is saved. With
+recomputation (GPT.recompute) autograd saves only each block's input, and one
+block's activations are rebuilt at a time during backward: that one block's
+worth is measured on the first block and counted too. Crossing the limit raises
+`torch.OutOfMemoryError` from inside the forward pass, which is where a GPU
+would run out too. This lets the micro-batch search, its ZeRO-1 and
+recomputation choices and the mid-run OOM error run for real on a CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -32,46 +36,78 @@ def set_cuda_limit(device: torch.device, limit_mb: int | None) -> None:
 class _CpuAccount:
     """Running byte count of saved activations; each storage is counted once."""
 
-    def __init__(self, limit: int, model: torch.nn.Module):
-        self.limit, self.static = limit, static_bytes(model)
-        self.saved = 0
+    def __init__(self, limit: int, model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None):
+        self.limit, self.static = limit, static_bytes(model, optimizer_params)
+        self.saved, self.block_measured = 0, False
         # Weights saved for backward are already in `static`.
         self.seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
+    def add(self, nbytes: int) -> None:
+        self.saved += nbytes
+        used = self.static + self.saved
+        if used > self.limit:
+            raise torch.OutOfMemoryError(
+                f"CPU memory limit exceeded: {used / MB:.1f} MiB needed, "
+                f"runtime.memory_limit_mb={self.limit / MB:.0f}"
+            )
+
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
+        key = t.untyped_storage().data_ptr()
         if key not in self.seen:
             self.seen.add(key)
-            self.saved += storage.nbytes()
-            used = self.static + self.saved
-            if used > self.limit:
-                raise torch.OutOfMemoryError(
-                    f"CPU memory limit exceeded: {used / MB:.1f} MiB needed, "
-                    f"runtime.memory_limit_mb={self.limit / MB:.0f}"
-                )
+            self.add(t.untyped_storage().nbytes())
         return t
 
+    def measure_block(self, block: torch.nn.Module, x: torch.Tensor) -> None:
+        """Count what one block saves when backward rebuilds it: run it once
+        more, without recomputation, on a detached view of its input (which
+        is kept anyway, as the block's checkpointed input)."""
+        if self.block_measured:
+            return
+        self.block_measured = True  # before the call: it runs this hook again
+        sizes: dict[int, int] = {}
+        kept = self.seen | {x.untyped_storage().data_ptr()}
 
-def static_bytes(model: torch.nn.Module) -> int:
-    """Parameters + gradients + AdamW's exp_avg and exp_avg_sq."""
-    return 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+        def count(t: torch.Tensor) -> torch.Tensor:
+            key = t.untyped_storage().data_ptr()
+            if key not in kept:
+                sizes[key] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            block(x.detach().requires_grad_())
+        self.add(sum(sizes.values()))
+
+
+def static_bytes(model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None = None) -> int:
+    """Parameters + gradients + AdamW's exp_avg and exp_avg_sq of
+    `optimizer_params` (this rank's share under ZeRO-1; default all)."""
+    params = list(model.parameters())
+    owned = params if optimizer_params is None else list(optimizer_params)
+    return 2 * sum(p.numel() * p.element_size() for p in params) + 2 * sum(p.numel() * p.element_size() for p in owned)
 
 
 @contextlib.contextmanager
-def cpu_limit(model: torch.nn.Module, device: torch.device, limit_mb: int | None) -> Iterator[None]:
+def cpu_limit(model: torch.nn.Module, device: torch.device, limit_mb: int | None,
+              optimizer_params: Iterable[torch.Tensor] | None = None) -> Iterator[None]:
     """Enforce `limit_mb` on a CPU forward/backward (no-op on other devices or
-    without a limit). Wrap the forward pass: backward frees what it used."""
+    without a limit). Wrap the forward pass: backward frees what it used.
+    `optimizer_params`: the parameters whose AdamW state this rank keeps."""
     if limit_mb is None or device.type != "cpu":
         yield
         return
-    account = _CpuAccount(limit_mb * MB, model)
+    account = _CpuAccount(limit_mb * MB, model, optimizer_params)
     if account.static > account.limit:
         raise torch.OutOfMemoryError(
             f"CPU memory limit exceeded by the model alone: {account.static / MB:.1f} MiB for weights, "
             f"gradients and optimizer state, runtime.memory_limit_mb={limit_mb}"
         )
-    with torch.autograd.graph.saved_tensors_hooks(account.pack, lambda t: t):
+    with contextlib.ExitStack() as stack:
+        blocks = getattr(getattr(model, "transformer", None), "h", None)
+        if getattr(model, "recompute", False) and blocks:
+            handle = blocks[0].register_forward_pre_hook(lambda block, args: account.measure_block(block, args[0]))
+            stack.callback(handle.remove)
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(account.pack, lambda t: t))
         yield
 
 
@@ -103,17 +139,31 @@ ACTIVATION_BYTES_PER_CHANNEL = 38
 # Per token and vocabulary entry at the loss: bf16 logits, their fp32 copy,
 # log-softmax's fp32 output, and its gradient during backward.
 LOGIT_BYTES_PER_ENTRY = 12
-# Per parameter: fp32 weights, gradients and AdamW's two moments (as in
-# static_bytes), plus autocast's bf16 copy of the weights.
-STATIC_BYTES_PER_PARAM = 4 * 4 + 2
+# Per parameter: fp32 weights and gradients plus autocast's bf16 copy of the
+# weights; AdamW's two fp32 moments (as in static_bytes) are counted apart,
+# since ZeRO-1 splits them across ranks.
+STATIC_BYTES_PER_PARAM = 4 + 4 + 2
+ADAMW_BYTES_PER_PARAM = 4 + 4
+# Per token and channel and block under recomputation: the block's fp32 input,
+# the one tensor a checkpointed block keeps for backward.
+RECOMPUTE_BYTES_PER_CHANNEL = 4
 FRAGMENTATION = 1.1  # the caching allocator's slack over the tensors it holds
 RESERVED_BYTES = 1 << 30  # CUDA context, cuBLAS workspaces
 
 
-def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: int, tokens: int) -> int:
+def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: int, tokens: int,
+                        optimizer_shards: int = 1, recompute: bool = False) -> int:
     """Estimated peak GPU memory of one eager bf16 training step (forward,
     backward, AdamW) over `tokens` = micro-batch × block_size tokens: what the
     micro-batch search (gpt2.train.step.find_micro_batch) would find fits.
-    An estimate for planning only; the search itself runs real steps."""
-    per_token = (ACTIVATION_BYTES_PER_CHANNEL * n_layer + 6) * n_embd + LOGIT_BYTES_PER_ENTRY * vocab_size
-    return int(RESERVED_BYTES + STATIC_BYTES_PER_PARAM * n_params + FRAGMENTATION * per_token * tokens)
+    `optimizer_shards`: ranks AdamW's state is split over (ZeRO-1; 1: not
+    split). `recompute`: the blocks keep only their inputs, and backward
+    rebuilds one block's activations at a time. An estimate for planning
+    only; the search itself runs real steps."""
+    if recompute:
+        blocks = RECOMPUTE_BYTES_PER_CHANNEL * n_layer + ACTIVATION_BYTES_PER_CHANNEL
+    else:
+        blocks = ACTIVATION_BYTES_PER_CHANNEL * n_layer
+    per_token = (blocks + 6) * n_embd + LOGIT_BYTES_PER_ENTRY * vocab_size
+    static = STATIC_BYTES_PER_PARAM * n_params + ADAMW_BYTES_PER_PARAM * n_params / optimizer_shards
+    return int(RESERVED_BYTES + static + FRAGMENTATION * per_token * tokens)

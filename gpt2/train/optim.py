@@ -4,14 +4,23 @@ Weight decay applies to 2-D weights (matmuls and embeddings) only; biases and
 LayerNorm gains are not decayed (nanoGPT, llm.c). The schedule is a linear
 warmup to `train.lr`, then a cosine or linear decay to `min_lr_ratio × lr`
 at `max_steps`.
+
+With `runtime.shard_optimizer` on several ranks the same AdamW runs as ZeRO-1
+(torch's ZeroRedundancyOptimizer): each rank keeps the moments of its share of
+the parameters, steps that share and broadcasts it. Checkpoints still hold the
+full AdamW state (gathered on rank 0), so any run resumes under any setting and
+any number of ranks.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import sys
 
 import torch
+import torch.distributed as dist
 
 from gpt2.config import TrainConfig
 
@@ -30,14 +39,70 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW, fused into one kernel on CUDA (llm.c/nanoGPT); the lr is set each step."""
+@functools.cache
+def _sharded_adamw() -> type:
+    """ShardedAdamW, defined on first use: importing torch.distributed.optim
+    scripts its functional optimizers, seconds that most runs never need."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    class ShardedAdamW(ZeroRedundancyOptimizer):
+        """AdamW as ZeRO-1 whose `state_dict` (after `gather_state` on every rank)
+        is exactly a plain AdamW's: the same parameter indices and group keys."""
+
+        def state_dict(self) -> dict:
+            full = super().state_dict()
+            # ZeRO's own groups carry only the keys it was built with; the local
+            # AdamW's carry all of AdamW's (amsgrad, foreach, ...), synced to these.
+            full["param_groups"] = [{**{k: v for k, v in local.items() if k != "params"}, **group}
+                                    for local, group in zip(self.optim.param_groups, full["param_groups"])]
+            return full
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            # ZeRO blanks the other ranks' entries of the dict it is given: give it its own.
+            super().load_state_dict({**state_dict, "state": dict(state_dict["state"])})
+
+    return ShardedAdamW
+
+
+def is_sharded(optimizer: torch.optim.Optimizer) -> bool:
+    """A ZeRO-1 optimizer (none can exist before torch.distributed.optim is imported)."""
+    zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,
+                   shard: bool = False) -> torch.optim.Optimizer:
+    """AdamW, fused into one kernel on CUDA (llm.c/nanoGPT); the lr is set each
+    step. `shard`: ZeRO-1 over the process group (a plain AdamW on one rank)."""
     groups = param_groups(model, cfg.weight_decay)
     fused = device_type == "cuda"
     n_decay = sum(p.numel() for p in groups[0]["params"])
     n_plain = sum(p.numel() for p in groups[1]["params"])
     log.debug("AdamW: %d decayed / %d non-decayed parameters (fused=%s)", n_decay, n_plain, fused)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, fused=fused)
+    kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, fused=fused)
+    if shard and dist.is_initialized() and dist.get_world_size() > 1:
+        return _sharded_adamw()(groups, optimizer_class=torch.optim.AdamW, **kwargs)
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def local_part(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """What this rank steps by itself: ZeRO's AdamW over its share of the
+    parameters, or the optimizer itself. Stepping it needs no collective,
+    which is what the micro-batch probe wants (each rank probes alone)."""
+    return optimizer.optim if is_sharded(optimizer) else optimizer
+
+
+def owned_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters whose optimizer state this rank keeps."""
+    return [p for group in local_part(optimizer).param_groups for p in group["params"]]
+
+
+def gather_state(optimizer: torch.optim.Optimizer) -> None:
+    """Before rank 0 reads `optimizer.state_dict()` for a checkpoint: ZeRO's
+    shards are sent to rank 0 (a collective: every rank calls it); a plain
+    optimizer already holds its full state."""
+    if is_sharded(optimizer):
+        optimizer.consolidate_state_dict(to=0)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gpt2 import layout, storage
-from gpt2.checkpoint import store
+from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.config import Config
 from gpt2.data.loader import TrainLoader, val_batches
@@ -28,7 +28,7 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes
 from gpt2.train.optim import make_optimizer
-from gpt2.train.step import Batch, StepContext, find_micro_batch
+from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_memory_fit
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class Session:
     resumed_url: str | None = None
     lease: Lease | None = None
     """This run's lease, held by rank 0 (gpt2.checkpoint.lease)."""
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -66,7 +68,7 @@ def check_batch_shape(config: Config, world_size: int) -> int:
     return total // (T * world_size)
 
 
-def resume_from(config: Config, env: DistEnv, fresh: bool) -> store.Checkpoint | None:
+def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.Checkpoint | None:
     """Rank 0 picks (and on --fresh clears), reads and verifies the
     checkpoint, then sends its bytes to the other ranks: one read of the root
     instead of one per GPU. A run none of whose checkpoints verifies stops on
@@ -78,6 +80,9 @@ def resume_from(config: Config, env: DistEnv, fresh: bool) -> store.Checkpoint |
             if fresh:
                 log.info("--fresh: deleting the checkpoints of %s", run_dir)
                 store.clear_run(run_dir)
+                staging.clear(config)
+            else:  # a newer local copy (its trainer died uploading it) goes to the root first
+                staging.recover(config, fence)
             ckpt = store.resume_checkpoint(run_dir) or (None if fresh else _from_earlier_release(config))
         except store.CheckpointError as err:
             error = err
@@ -157,21 +162,32 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
         group.update(own)
 
 
-def _micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> int:
-    setting = config.train.micro_batch_size
+def _micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> tuple[int, MemorySettings]:
+    """The micro-batch and the memory settings (runtime.shard_optimizer,
+    runtime.recompute); `auto` settings are searched with an `auto`
+    micro-batch only, and are off beside a fixed one."""
+    setting, rt = config.train.micro_batch_size, config.runtime
+    if rt.shard_optimizer is True and ctx.env.world_size == 1:
+        log.info("runtime.shard_optimizer=true has no effect with one process: nothing to shard across")
     if setting != "auto":
         if seqs_per_rank % setting:
             raise TrainingError(
                 f"train.micro_batch_size={setting} does not divide the {seqs_per_rank} sequences each of "
                 f"{ctx.env.world_size} device(s) gets per step; choose a divisor of {seqs_per_rank} or auto"
             )
-        return setting
-    probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
-    chosen = find_micro_batch(raw, lambda: make_optimizer(raw, config.train, ctx.env.device_type),
-                              seqs_per_rank, config.model.block_size, config.model.vocab_size, probe_ctx)
-    log.info("train.micro_batch_size=auto chose %d sequences x %d tokens (%d accumulation steps)",
-             chosen, config.model.block_size, seqs_per_rank // chosen)
-    return chosen
+        chosen, settings = setting, configured(rt.shard_optimizer, rt.recompute, ctx.env.world_size)
+    else:
+        probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip,
+                                memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
+        chosen, settings = find_memory_fit(
+            raw, lambda shard: make_optimizer(raw, config.train, ctx.env.device_type, shard), seqs_per_rank,
+            config.model.block_size, config.model.vocab_size, probe_ctx, rt.shard_optimizer, rt.recompute)
+        log.info("train.micro_batch_size=auto chose %d sequences x %d tokens (%d accumulation steps)",
+                 chosen, config.model.block_size, seqs_per_rank // chosen)
+    raw.recompute = settings.recompute
+    log.info("memory settings: runtime.shard_optimizer=%s -> %s, runtime.recompute=%s -> %s",
+             rt.shard_optimizer, settings.shard_optimizer, rt.recompute, settings.recompute)
+    return chosen, settings
 
 
 def resolve_compile(setting: bool | str, device: torch.device) -> bool:
@@ -214,7 +230,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     url = layout.manifest(config)
     manifest = load_manifest(url)
     seqs_per_rank = check_batch_shape(config, env.world_size)
-    ckpt = resume_from(config, env, fresh)
+    ckpt = resume_from(config, env, fresh, lease.check if lease else None)
     known = (train_fingerprint(config), legacy_train_fingerprint(config))
     if ckpt and ckpt.state.get("train_fingerprint", known[0]) not in known:
         raise TrainingError(f"checkpoint {ckpt.url} belongs to another training identity; "
@@ -226,15 +242,17 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     if ckpt:
         store.load_weights(raw, ckpt.model)
     raw.to(env.device)
-    optimizer = make_optimizer(raw, config.train, env.device_type)
-    if ckpt:
-        _load_optimizer(optimizer, ckpt.optimizer)
-        restore_rng(ckpt.rng, env.device)
     ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, config.runtime.memory_limit_mb)
     # The micro-batch probe runs eagerly: compiled, every size it tries would be
     # another compilation. Eager code keeps more activations than fused kernels
     # do, so a size that fits eagerly fits compiled as a rule.
-    micro = _micro_batch(config, raw, seqs_per_rank, ctx)
+    micro, mem = _micro_batch(config, raw, seqs_per_rank, ctx)
+    # Built after the search, which decides whether it is sharded; a sharded
+    # one loads only this rank's part of the (always full) saved state.
+    optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
+    if ckpt:
+        _load_optimizer(optimizer, ckpt.optimizer)
+        restore_rng(ckpt.rng, env.device)
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
@@ -248,4 +266,4 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     barrier(env)
     return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
                    start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},
-                   resumed_url=ckpt.url if ckpt else None, lease=lease)
+                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem)

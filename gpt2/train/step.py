@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv, all_reduce, autocast
+from gpt2.train.optim import local_part, owned_params
 from gpt2.train.throughput import synchronize
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
         last = i == len(batches) - 1
         sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
         with sync:
-            with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb):
+            with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb,
+                                                             owned_params(optimizer)):
                 _, loss = model(x, y, return_logits=False)
             # The mean over the whole global batch, not the sum of micro-batch means.
             loss = loss / len(batches)
@@ -112,21 +114,58 @@ def micro_batch_candidates(seqs_per_rank: int) -> Iterator[int]:
         batch = smaller[0]
 
 
-def _probe(model: torch.nn.Module, make_opt: Callable[[], torch.optim.Optimizer], batch: int,
+# Recomputation costs about a third more compute per step, while halving the
+# micro-batch costs little as long as it stays this large (the matmuls stay
+# big enough to keep the GPU busy): `auto` only recomputes rather than halve
+# below this many sequences.
+RECOMPUTE_FLOOR = 8
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
+
+    shard_optimizer: bool = False
+    recompute: bool = False
+
+
+def configured(shard_optimizer: bool | str, recompute: bool | str, world_size: int) -> MemorySettings:
+    """The settings as given: `auto` off, ZeRO-1 only with several ranks."""
+    return MemorySettings(shard_optimizer is True and world_size > 1, recompute is True)
+
+
+def memory_candidates(seqs_per_rank: int, shard_optimizer: bool | str, recompute: bool | str,
+                      world_size: int) -> Iterator[tuple[int, MemorySettings]]:
+    """What `auto` tries, in order, as (micro-batch, settings): at each size of
+    `micro_batch_candidates`, the settings as configured; then ZeRO-1 (when
+    shard_optimizer is auto and there are several ranks); then also
+    recomputation (when recompute is auto), but only where the next size would
+    fall below RECOMPUTE_FLOOR. Explicit true/false settings never change."""
+    base = configured(shard_optimizer, recompute, world_size)
+    sizes = list(micro_batch_candidates(seqs_per_rank))
+    for i, batch in enumerate(sizes):
+        tries = [base]
+        if shard_optimizer == "auto" and world_size > 1:
+            tries.append(MemorySettings(True, base.recompute))
+        following = sizes[i + 1] if i + 1 < len(sizes) else 0
+        if recompute == "auto" and following < RECOMPUTE_FLOOR:
+            tries.append(MemorySettings(tries[-1].shard_optimizer, True))
+        yield from ((batch, settings) for settings in tries)
+
+
+def _probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
            seq_len: int, vocab: int, ctx: StepContext) -> None:
     """A real forward, backward and optimizer step at (batch, seq_len)."""
     # A private generator: the search must not move the global RNG, so a run
     # with `auto` trains exactly like one given the chosen size.
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(ctx.env.device)
-    optimizer = make_opt()
     try:
         train_step(model, model, optimizer, [(x[:, :-1], x[:, 1:])],
                    StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb))
         synchronize(ctx.env.device)
     finally:
         optimizer.zero_grad(set_to_none=True)
-        del optimizer
 
 
 def _local(env: DistEnv) -> DistEnv:
@@ -138,24 +177,47 @@ def find_micro_batch(model: torch.nn.Module, make_opt: Callable[[], torch.optim.
                      seqs_per_rank: int, seq_len: int, vocab: int, ctx: StepContext) -> int:
     """The largest micro-batch dividing `seqs_per_rank` whose full training
     step fits in memory, halving on OOM; the same on every rank (the minimum)."""
+    batch, _ = find_memory_fit(model, lambda shard: make_opt(), seqs_per_rank, seq_len, vocab, ctx)
+    return batch
+
+
+def find_memory_fit(model: torch.nn.Module, make_opt: Callable[[bool], torch.optim.Optimizer],
+                    seqs_per_rank: int, seq_len: int, vocab: int, ctx: StepContext,
+                    shard_optimizer: bool | str = False, recompute: bool | str = False) -> tuple[int, MemorySettings]:
+    """The first of `memory_candidates` whose full training step fits,
+    probed for real; the same on every rank (the latest any rank needed).
+    `make_opt(shard)` builds the optimizer (ZeRO-1 when `shard`); each rank
+    steps only its own part of it, without collectives. `model.recompute`
+    is left as chosen."""
     snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    choice = 0
+    candidates = list(memory_candidates(seqs_per_rank, shard_optimizer, recompute, ctx.env.world_size))
+    choice = len(candidates)
     try:
-        for batch in micro_batch_candidates(seqs_per_rank):
+        for i, (batch, settings) in enumerate(candidates):
+            model.recompute = settings.recompute
+            optimizer = make_opt(settings.shard_optimizer)
             try:
-                _probe(model, make_opt, batch, seq_len, vocab, ctx)
-                choice = batch
+                _probe(model, local_part(optimizer), batch, seq_len, vocab, ctx)
+                choice = i
                 break
             except torch.OutOfMemoryError:
                 memory.release(ctx.env.device)
-                log.info("micro-batch %d x %d tokens does not fit; halving", batch, seq_len)
+                log.info("micro-batch %d x %d tokens does not fit (%s)", batch, seq_len, _describe(settings))
+            finally:
+                del optimizer
     finally:
         model.load_state_dict(snapshot)
         memory.release(ctx.env.device)
-    chosen = int(all_reduce(torch.tensor([choice], device=ctx.env.device), ctx.env, op="min").item())
-    if chosen == 0:
+    chosen = int(all_reduce(torch.tensor([choice], device=ctx.env.device), ctx.env, op="max").item())
+    if chosen == len(candidates):
         raise torch.OutOfMemoryError(
-            f"even a micro-batch of 1 x {seq_len} tokens does not fit on {ctx.env.device}; "
-            "use a smaller model.block_size or model, or a device with more memory"
+            f"even a micro-batch of 1 x {seq_len} tokens does not fit on {ctx.env.device} "
+            f"({_describe(candidates[-1][1])}); use a smaller model.block_size or model, or a device with more memory"
         )
-    return chosen
+    batch, settings = candidates[chosen]
+    model.recompute = settings.recompute
+    return batch, settings
+
+
+def _describe(settings: MemorySettings) -> str:
+    return f"shard_optimizer={str(settings.shard_optimizer).lower()}, recompute={str(settings.recompute).lower()}"
