@@ -129,17 +129,19 @@ def nproc_per_node(config: Config) -> int:
 
 def torchrun_train(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
                    parent_run_id: str | None = None, tags: dict | None = None,
-                   nproc: int | None = None) -> TrainResult:
+                   nproc: int | None = None, rendezvous_host: bool | None = None) -> TrainResult:
     """`train` in a child process: `nproc` (default: `runtime.nproc_per_node`)
     workers under torchrun, or one `python -m gpt2.train`. A SIGTERM to us reaches the
     trainer, which checkpoints and stops: directly when nobody above us
     handles the signal (then Preempted), or, under an orchestrator's own
-    handler, when that handler raises in this thread (then its exception)."""
+    handler, when that handler raises in this thread (then its exception).
+    `rendezvous_host`: whether this node serves a multi-node rendezvous
+    (multinode.rendezvous_args)."""
     emit = log_line or log.info
     with tempfile.TemporaryDirectory(prefix="gpt2-train-") as tmp:
         config_path, status = Path(tmp) / "run.json", StatusFile(Path(tmp) / "status.jsonl")
         config_path.write_text(json.dumps(config.model_dump(mode="json")))
-        rendezvous = multinode.rendezvous_args(config) if config.runtime.nnodes > 1 else None
+        rendezvous = multinode.rendezvous_args(config, rendezvous_host) if config.runtime.nnodes > 1 else None
         cmd = torchrun_command(config_path, status.path, nproc or nproc_per_node(config), parent_run_id, tags,
                                rendezvous)
         emit("starting: " + " ".join(cmd))
@@ -196,6 +198,11 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     multinode.check(config)
     # Fail here, before any process starts, when the global batch cannot split over every node's processes.
     check_batch_shape(config, multinode.world_size(config, nproc))
+    if config.runtime.nnodes > 1 and isolate:
+        from gpt2.train import k8s_run  # imports the launcher itself (a node pod runs torchrun_train)
+
+        if k8s_run.in_cluster():  # a pod of the Kubernetes pool: the nodes are the pods of a Job of their own
+            return k8s_run.kubernetes_train(config, nproc, log_line, parent_run_id, tags)
     if isolate or nproc > 1 or config.runtime.nnodes > 1:
         return torchrun_train(config, progress, log_line, parent_run_id, tags, nproc)
     return train(config, progress=progress, parent_run_id=parent_run_id, tags=tags)

@@ -67,14 +67,17 @@ def rdzv_id(config: Config) -> str:
     return layout.run_name(config)
 
 
-def rendezvous_args(config: Config) -> list[str]:
+def rendezvous_args(config: Config, is_host: bool | None = None) -> list[str]:
     """torchrun's flags for this config's nodes: `--standalone` for one node,
-    the c10d rendezvous for several (check(config) first)."""
+    the c10d rendezvous for several (check(config) first). `is_host`: whether
+    this node serves the rendezvous, where its own name may not match the
+    endpoint's (a pod behind a Service); None lets torchrun compare the names."""
     rt = config.runtime
     if rt.nnodes == 1:
         return ["--standalone"]
-    return [f"--nnodes={rt.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rt.rdzv_endpoint.strip()}",
+    args = [f"--nnodes={rt.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rt.rdzv_endpoint.strip()}",
             f"--rdzv-id={rdzv_id(config)}"]
+    return args + ([f"--rdzv-conf=is_host={str(is_host).lower()}"] if is_host is not None else [])
 
 
 def world_size(config: Config, nproc: int) -> int:
