@@ -40,6 +40,10 @@ class TrainResult:
     warmup_s: float | None = None
     """This session's first step in seconds: warm-up and, with runtime.compile,
     the compilation; kept out of tokens_per_second (None: no step ran)."""
+    shard_optimizer: bool = False
+    """ZeRO-1 was on (runtime.shard_optimizer as resolved)."""
+    recompute: bool = False
+    """Activation recomputation was on (runtime.recompute as resolved)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,4 +97,5 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             final_val_loss=outcome.val_loss, tokens_per_second=outcome.tokens_per_second,
             mlflow_run_id=outcome.mlflow_run_id, micro_batch_size=session.micro_batch,
             world_size=env.world_size, warmup_s=_warmup_s(loop),
+            shard_optimizer=session.memory.shard_optimizer, recompute=session.memory.recompute,
         )
