@@ -3,16 +3,19 @@
     python bench/tokenize.py --mb 50
 
 One run, one corpus, the same number of processes for all three:
-  (a) `gpt2.data.prepare.prepare_data`: source → parts → shards → artifact root;
+  (a) `gpt2.data.prepare.prepare_data`: source → work units → parts → shards →
+      artifact root (workers read and tokenize units; the parent hands them out);
   (b) a baseline shaped like llm.c's dev/data/fineweb.py: Pool.imap over single
       documents (chunksize 16), one encode_ordinary and one numpy conversion
       per document, a preallocated shard buffer in the parent, shards on disk;
   (c) the limit: cores × one core's encode_ordinary rate on the texts in memory.
 Start-up (until the first tokens come back) is reported apart from the
 steady-state rate, which counts everything after it, shard writes included.
-The corpus (unless --corpus is given) is built from the docstrings, comments
-and docs of the installed Python and its packages: real, varied English, cut
-into 1-10 KB documents like FineWeb's, written as JSONL with a "text" field.
+For (a) and (b) it reports the coordinating process's share of the CPU time
+(its own over its own plus its workers'): the coordinator has one core, so
+1/share is the most cores the stage can keep busy.
+The corpus (unless --corpus is given) is bench/corpus.py's: real, varied
+English in 1-10 KB documents, JSONL with a "text" field.
 """
 
 from __future__ import annotations
@@ -24,69 +27,23 @@ import sys
 # shadow the stdlib `tokenize` (used by linecache, inspect, ...): drop it.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))  # the repository, for bench.corpus
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
-import random  # noqa: E402
-import re  # noqa: E402
-import sysconfig  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from bench.corpus import build_corpus  # noqa: E402
 from gpt2.data.llmc import write_shard  # noqa: E402
 from gpt2.tokenizer import EOT_TOKEN, get_encoding  # noqa: E402
 
 SHARD_SIZE = 100_000_000  # llm.c's default, for (a) and (b) alike
-DOCSTRING = re.compile(r'"""(.*?)"""|\'\'\'(.*?)\'\'\'', re.S)
-COMMENTS = re.compile(r"(?:^[ \t]*#[^\n]*\n)+", re.M)
-
-
-# --- the corpus -------------------------------------------------------------
-
-
-def _paragraphs(path: Path) -> list[str]:
-    """Prose of one file: docstrings and comment blocks of .py, all of the rest."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError):
-        return []
-    if path.suffix == ".py":
-        blocks = [a or b for a, b in DOCSTRING.findall(text)]
-        blocks += [re.sub(r"^[ \t]*# ?", "", m, flags=re.M) for m in COMMENTS.findall(text)]
-    else:
-        blocks = [text]
-    return [p.strip() for b in blocks for p in re.split(r"\n\s*\n", b) if len(p.strip()) >= 40]
-
-
-def build_corpus(path: Path, mb: float) -> None:
-    """Pack unique paragraphs of installed sources into 1-10 KB documents."""
-    roots = sorted({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
-    rng, seen = random.Random(0), set()  # fixed seed and sorted walk: same corpus every run
-    budget, doc, target = int(mb * 1e6), [], 0
-    with open(path, "w", encoding="utf-8") as out:
-        for root in roots:
-            for dirpath, dirnames, files in os.walk(root):
-                dirnames.sort()
-                for name in sorted(f for f in files if f.endswith((".py", ".rst", ".md", ".txt"))):
-                    for para in _paragraphs(Path(dirpath, name)):
-                        key = hashlib.blake2b(para.encode(), digest_size=8).digest()
-                        if key in seen:  # license headers repeat in thousands of files
-                            continue
-                        seen.add(key)
-                        doc.append(para)
-                        target = target or int(rng.lognormvariate(8.2, 0.6))  # median ~3.6 KB
-                        if sum(map(len, doc)) < min(max(target, 1000), 10_000):
-                            continue
-                        budget -= out.write(json.dumps({"text": "\n\n".join(doc)}) + "\n")
-                        doc, target = [], 0
-                        if budget <= 0:
-                            return
-    raise SystemExit(f"only {mb - budget / 1e6:.1f} MB of text found; ask for fewer --mb")
 
 
 def read_texts(path: Path):
@@ -106,7 +63,7 @@ def run_project(corpus: Path, tmp: Path, workers: int) -> dict:
     config = resolve_config("smoke", {
         "data.source": str(corpus), "data.name": "bench", "data.val_tokens": 1_000_000,
         "data.shard_size": SHARD_SIZE, "runtime.work_dir": str(tmp / "work"),
-        "runtime.num_workers": workers,
+        "runtime.num_workers": workers, "data.max_document_chars": 10**9,  # (b) and (c) cut nothing either
     }, root=(tmp / "artifacts").as_uri())
     first: list[tuple[float, int]] = []
 
@@ -114,9 +71,9 @@ def run_project(corpus: Path, tmp: Path, workers: int) -> dict:
         if not first:
             first.append((time.perf_counter(), tokens))
 
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), _cpu()
     result = prepare_data(config, progress=progress, show_progress=False)
-    return _timing(t0, first[0], time.perf_counter(), result.total_tokens)
+    return {**_timing(t0, first[0], time.perf_counter(), result.total_tokens), **_cpu_share(cpu)}
 
 
 # --- (b) the llm.c fineweb.py baseline ------------------------------------------
@@ -147,7 +104,7 @@ def run_baseline(corpus: Path, tmp: Path, workers: int) -> dict:
     out = tmp / "baseline"
     out.mkdir(parents=True)
     global _enc
-    t0, first, total = time.perf_counter(), None, 0
+    t0, first, total, cpu = time.perf_counter(), None, 0, _cpu()
     _enc = get_encoding.__wrapped__()  # built fresh in the parent, as fineweb.py does at import
     # The default start method, as fineweb.py uses (fork on Linux: workers inherit _enc).
     with mp.Pool(workers, initializer=_init_baseline) as pool:
@@ -166,7 +123,18 @@ def run_baseline(corpus: Path, tmp: Path, workers: int) -> dict:
             buf[:count] = tokens[room:]
         if count:
             _write(out, index, buf[:count])
-    return _timing(t0, first, time.perf_counter(), total)
+    return {**_timing(t0, first, time.perf_counter(), total), **_cpu_share(cpu)}
+
+
+def _cpu() -> tuple[float, ...]:
+    """CPU seconds of this process and of its finished (joined) children."""
+    return tuple(r.ru_utime + r.ru_stime for r in map(getrusage, (RUSAGE_SELF, RUSAGE_CHILDREN)))
+
+
+def _cpu_share(before: tuple[float, ...]) -> dict:
+    """The coordinator's share of the run's CPU time; its workers are joined by now."""
+    own, children = (after - b for after, b in zip(_cpu(), before))
+    return {"coordinator_cpu_s": own, "workers_cpu_s": children, "share": own / max(own + children, 1e-9)}
 
 
 def _timing(t0: float, first: tuple[float, int], end: float, total: int) -> dict:
@@ -253,6 +221,10 @@ def report(a: dict, b: dict, c: dict, workers: int) -> None:
           f"   a/c = {a['rate'] / c['rate']:.2f} (target >= 0.9)   a/ceiling = {a['rate'] / c['ceiling']:.2f}")
     print(f"end to end (start-up included):   a/b = {a['e2e_rate'] / b['e2e_rate']:.2f}"
           f"   a/c = {a['e2e_rate'] / c['rate']:.2f}")
+    for label, r, target in (("(a)", a, "   (target <= 3%: >= 30 cores)"), ("(b)", b, "")):
+        total = r["coordinator_cpu_s"] + r["workers_cpu_s"]
+        print(f"coordinator CPU share {label}: {100 * r['share']:.2f}% of {total:.1f} CPU s -> allows "
+              f"~{1 / max(r['share'], 1e-9):.0f} cores{target}")
     # Other load on the machine lowers every rate and the ceiling; say how much there was.
     print("start-up: first round (cold imports); rates: best round.  load average now: "
           + " ".join(f"{x:.1f}" for x in os.getloadavg()))
