@@ -161,7 +161,9 @@ class RuntimeConfig(_Section):
     num_workers: int = Field(0, ge=0)
     """Tokenizer processes; 0 uses every core."""
     tokenize_part_tokens: int = Field(1 << 25, ge=1)
-    """Tokens per resumable tokenization part: the most work a kill can lose."""
+    """Most tokens in one work unit of the tokenize step (estimated from the source's
+    bytes; small corpora get smaller units so every worker has many): the most work
+    a kill can lose per worker."""
     device: str = "auto"
     """`auto`, `cpu`, `cuda`, `cuda:N` or `mps`."""
     compile: bool | Literal["auto"] = "auto"
