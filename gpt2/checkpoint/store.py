@@ -139,27 +139,37 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
     return model_tensors(model), _cpu_copy(optimizer.state_dict())
 
 
-def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state: dict,
-                     state: dict, rng: dict, fence: Callable[[], None] | None = None) -> None:
-    """Write one checkpoint directory; it counts only once COMPLETE is written.
-    `fence` (the run's lease check) runs first and again just before the
-    marker: a trainer that lost its run never commits a checkpoint."""
-    if fence is not None:
-        fence()
-    storage.remove(url, recursive=True)  # leftovers of a killed write at this step
-    blobs = {
+def encode_checkpoint(tensors: dict[str, torch.Tensor], optimizer_state: dict, state: dict,
+                      rng: dict) -> dict[str, bytes]:
+    """The bytes of each checkpoint file (what write_files stores)."""
+    return {
         "model.safetensors": save_safetensors(tensors, metadata={"format": "pt"}),
         "optimizer.pt": _to_bytes(optimizer_state),
         "rng.pt": _to_bytes(rng),
         "state.json": (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(),
     }
+
+
+def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state: dict,
+                     state: dict, rng: dict, fence: Callable[[], None] | None = None) -> None:
+    """Write one checkpoint directory; it counts only once COMPLETE is written."""
+    write_files(url, encode_checkpoint(tensors, optimizer_state, rng=rng, state=state), state["step"], fence)
+
+
+def write_files(url: str, blobs: dict[str, bytes], step: int, fence: Callable[[], None] | None = None) -> None:
+    """Store a checkpoint's encoded files, then its COMPLETE marker. `fence`
+    (the run's lease check) runs first and again just before the marker: a
+    trainer that lost its run never commits a checkpoint."""
+    if fence is not None:
+        fence()
+    storage.remove(url, recursive=True)  # leftovers of a killed write at this step
     files = {}
     for name, data in blobs.items():
         storage.write_bytes_atomic(storage.join(url, name), data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     if fence is not None:
         fence()
-    storage.write_record(storage.join(url, MARKER), {"step": state["step"], "files": files})
+    storage.write_record(storage.join(url, MARKER), {"step": step, "files": files})
 
 
 def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

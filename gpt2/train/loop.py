@@ -25,6 +25,7 @@ import torch
 
 from gpt2 import layout
 from gpt2.checkpoint.lease import LeaseLost
+from gpt2.checkpoint.staging import staging_dir
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
@@ -67,7 +68,9 @@ class Loop:
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
         # Only rank 0 writes; the others keep no writer.
         self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url,
-                                       fence=session.lease.check if session.lease else None) \
+                                       fence=session.lease.check if session.lease else None,
+                                       staging=staging_dir(self.cfg),
+                                       metrics=lambda values, step: self.tracker.log_metrics(values, step)) \
             if session.env.is_main else None
         self.saved_step = session.start_step
         self.throughput = Throughput()

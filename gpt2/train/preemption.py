@@ -56,3 +56,38 @@ class SigtermGuard:
         if callable(previous):
             signal.signal(signal.SIGTERM, previous)
             previous(signal.SIGTERM, None)
+
+
+TORCHRUN_STOP_S = 30.0
+"""What torchrun (torch.distributed.elastic) gives its workers between the
+SIGTERM it forwards and its SIGKILL."""
+
+
+def kill_window(distributed: bool) -> tuple[float, str]:
+    """(seconds, what sets them) a stopped trainer has to save its checkpoint:
+    under torchrun its 30 s; alone, our launcher's grace (gpt2.train.launch).
+    The pool bounds both: a Kubernetes pod gets its termination grace period
+    (the gpu pool's termination_grace_period_seconds, deployments/)."""
+    from gpt2.train.launch import STOP_GRACE_S  # launch imports this module
+
+    if distributed and TORCHRUN_STOP_S < STOP_GRACE_S:
+        return TORCHRUN_STOP_S, "torchrun's wait between its SIGTERM and SIGKILL"
+    return STOP_GRACE_S, "the launcher's wait between SIGTERM and SIGKILL (gpt2.train.launch.STOP_GRACE_S)"
+
+
+def window_warning(step: int, seconds: float, local_s: float, window: tuple[float, str]) -> str | None:
+    """A warning when a checkpoint save outlasts the kill window, naming what
+    to change; None when it fits. Every save is timed, so a save that would
+    not survive a preemption is reported long before one happens."""
+    limit, what = window
+    if seconds <= limit:
+        return None
+    head = (f"the checkpoint of step {step} took {seconds:.1f} s (local write {local_s:.1f} s), more than the "
+            f"{limit:.0f} s a preempted trainer gets ({what})")
+    if local_s > limit:
+        return (head + ": after a SIGTERM not even its local copy would be complete; put runtime.work_dir on a "
+                "faster local disk (a local SSD) or give the pod longer (termination_grace_period_seconds)")
+    return (head + ": after a SIGTERM only its local copy would be sure to be complete (uploaded when the run "
+            "restarts on this machine; a new machine resumes from the previous checkpoint); for the upload to "
+            "fit too, give the pod longer (termination_grace_period_seconds of the gpu pool) or use a root "
+            "closer to the GPUs")

@@ -10,6 +10,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from gpt2.config import Config
+from gpt2.steps import with_resolved_steps
 from gpt2.train.distributed import distributed
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
@@ -76,6 +77,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     (unless `fresh`). Raises TrainingError (NaN loss, OOM, bad batch shape);
     after SIGTERM, whatever the replaced SIGTERM handler raises, else
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
+    config = with_resolved_steps(config)  # `epoch` as a number: the run's name and the loop need one
     guard = SigtermGuard()
     with distributed(config.runtime.device) as env, guard.installed():
         lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))

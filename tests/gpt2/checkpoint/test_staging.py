@@ -1,0 +1,100 @@
+"""The SIGTERM checkpoint goes to local disk first, to the root after: a real
+trainer process is stopped by SIGTERM and SIGKILLed between the two (what a
+preemption whose kill window ends mid-upload does); the next trainer on the
+same machine uploads the local copy and resumes from it, ending with the
+weights of an uninterrupted run. A damaged or older local copy is ignored."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpt2 import layout, storage
+from gpt2.checkpoint import staging, store
+from gpt2.checkpoint.writer import KILL_AFTER_LOCAL_WRITE_ENV
+from gpt2.train.preemption import kill_window, window_warning
+from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
+from tests.gpt2.train.test_train import assert_same_weights
+from tests.gpt2.train.test_train_process import finish, run_to_end, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+ONLY_AT_THE_END = {"train.checkpoint_every": 100}  # the SIGTERM save is the run's first
+
+
+def _killed_after_local_write(config, tmp: Path) -> int:
+    """Train in a subprocess, SIGTERM it after step 3; the test hook SIGKILLs it
+    once the checkpoint is on local disk. Returns the step it saved."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", KILL_AFTER_LOCAL_WRITE_ENV: "1"}
+    run_json = write_run_json(config, tmp / f"run-{time.monotonic_ns()}.json")
+    proc = subprocess.Popen([sys.executable, "-m", "gpt2.train", "--config", str(run_json)], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    wait_for(proc, "step 3/8", lines)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc, lines) == -signal.SIGKILL, "".join(lines[-30:])
+    staged = store.complete_checkpoints(staging.staging_dir(config))
+    assert len(staged) == 1, "".join(lines[-30:])
+    return store.read_marker(staged[0])["step"]
+
+
+def test_a_local_copy_left_by_a_killed_upload_is_uploaded_and_resumed(tmp_path):
+    reference = tiny_config(tmp_path / "reference", **ONLY_AT_THE_END)
+    write_dataset(reference)
+    expected = run_to_end(reference, tmp_path / "reference")
+
+    config = tiny_config(tmp_path / "run", **ONLY_AT_THE_END)
+    write_dataset(config)
+    step = _killed_after_local_write(config, tmp_path)
+    assert 3 <= step < 8
+    assert store.latest_checkpoint(config) is None  # written locally first: the root never got it
+
+    result = run_to_end(config, tmp_path / "run")
+    assert result["resumed_from_step"] == step and result["steps"] == 8
+    assert_same_weights(result["checkpoint"], expected["checkpoint"])
+    assert storage.list_dir(layout.checkpoints_dir(staging.staging_dir(config))) == []  # uploaded: not kept
+
+
+def test_a_flipped_byte_in_the_local_copy_makes_it_ignored(tmp_path, caplog):
+    config = tiny_config(tmp_path, **ONLY_AT_THE_END)
+    write_dataset(config)
+    step = _killed_after_local_write(config, tmp_path)
+    local = storage.local_path(layout.checkpoint_dir(staging.staging_dir(config), step)) / "optimizer.pt"
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    local.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING, logger="gpt2.checkpoint.staging"):
+        assert staging.recover(config) is None
+    assert "ignoring damaged local checkpoint" in caplog.text and "optimizer.pt" in caplog.text
+    assert store.latest_checkpoint(config) is None and storage.list_dir(staging.staging_dir(config)) == []
+
+
+def test_a_local_copy_the_root_has_passed_is_ignored(tmp_path, caplog):
+    import torch
+
+    from gpt2.model import GPT
+
+    config = tiny_config(tmp_path)
+    model = GPT(config.model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for where, step in ((staging.staging_dir(config), 2), (layout.run_dir(config), 4)):
+        store.save_checkpoint(layout.checkpoint_dir(where, step), model, optimizer, {"step": step}, {})
+    with caplog.at_level(logging.INFO, logger="gpt2.checkpoint.staging"):
+        assert staging.recover(config) is None
+    assert "the root already has step 4" in caplog.text
+    assert store.latest_checkpoint(config).endswith("step_000004")
+    assert storage.list_dir(staging.staging_dir(config)) == []
+
+
+def test_a_save_longer_than_the_kill_window_names_what_to_change():
+    assert kill_window(distributed=True)[0] == 30.0 and kill_window(distributed=False)[0] >= 30.0
+    assert window_warning(10, 12.0, 1.0, (30.0, "torchrun")) is None
+    slow_upload = window_warning(10, 45.0, 2.0, (30.0, "torchrun"))
+    assert "45.0 s (local write 2.0 s)" in slow_upload and "termination_grace_period_seconds" in slow_upload
+    slow_disk = window_warning(10, 45.0, 40.0, (30.0, "torchrun"))
+    assert "not even its local copy" in slow_disk and "runtime.work_dir" in slow_disk
