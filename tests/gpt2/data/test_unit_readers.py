@@ -109,3 +109,29 @@ def test_non_text_values_name_the_row(tmp_path, prose_docs):
     config = config_for(tmp_path, tmp_path / "n.parquet", **{"data.text_field": "body"})
     with pytest.raises(sources.SourceError, match=r"no field 'body'.*available fields: text"):
         tokenize_source(config, download_source(config), show_progress=False)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_read_remote_units_themselves(tmp_path, prose_docs, gcs_emulator, monkeypatch, workers):
+    """A limited run streams a gs:// source: each worker reads its byte ranges
+    from the bucket and the stream equals the one of the same file on disk."""
+    import fsspec
+    import numpy as np
+
+    monkeypatch.setenv("FSSPEC_GCS_TOKEN", "anon")  # for worker processes, which do not share fsspec.config
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": d["text"]}) + "\n" for d in prose_docs), encoding="utf-8")
+    fsspec.filesystem("gcs").put_file(str(path), f"{gcs_emulator}/corpus.jsonl")
+    streams = []
+    for name, url in (("local", str(path)), ("remote", f"{gcs_emulator}/corpus.jsonl")):
+        config = resolve_config("smoke", {"data.source": url, "data.max_documents": 400,
+                                          "runtime.tokenize_part_tokens": 2000,
+                                          "runtime.work_dir": str(tmp_path / name)}, root=str(tmp_path / "root"))
+        source = download_source(config)
+        assert source.files[0].startswith("gs://") == (name == "remote")  # streamed, not downloaded
+        assert len(plan_units(source, 2000)) > 4
+        tok = tokenize_source(config, source, show_progress=False,
+                              executor=UnitPool(config, layout.data_step_dir(config, "tokenize"), workers))
+        assert tok.documents == 400
+        streams.append(np.concatenate([np.fromfile(f"{tok.directory}/{p}", dtype=np.uint16) for p in tok.parts]))
+    assert np.array_equal(*streams)
