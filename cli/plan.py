@@ -2,6 +2,7 @@
 
     gpt2 plan --preset gpt2-124m --gpu H100 --gpus 8 --price-per-hour 25
     gpt2 plan --preset gpt2-124m --gpu A100-40GB --set train.max_steps=5000 --json
+    gpt2 plan --preset gpt2-1558m --gpu H100 --gpus 8     # which memory savers it needs
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def describe(p: dict[str, Any]) -> str:
     else:
         micro_line = (f"none fits ({how}): 1 sequence needs ~{p['gpu_memory_bytes_estimated'] / 2**30:.1f} GiB "
                       f"of {p['gpu_memory_gib']:g} GiB")
+    savers = [name for key, name in (("shard_optimizer", f"ZeRO-1 (AdamW state split over {p['gpus']} GPUs, "
+                                                        "runtime.shard_optimizer)"),
+                                      ("recompute", "activation recomputation (runtime.recompute)")) if p[key]]
     kept = p["checkpoints_kept"]
     node_ckpt = ("+ the checkpoints (local root)" if p["checkpoints_on_gpu_node"]
                  else "(checkpoints go to the remote root)")
@@ -68,6 +72,7 @@ def describe(p: dict[str, Any]) -> str:
                  f"{p['gpu_memory_gib']:g} GiB each)"),
         ("tokens", f"{p['tokens']:,} ({p['steps']:,} steps x {p['total_batch_tokens']:,} tokens)"),
         ("micro-batch", micro_line),
+        ("memory savers", " + ".join(savers) if savers else "none needed"),
         ("checkpoints", f"{p['checkpoints']} written, {kept} kept, {_gb(p['checkpoint_bytes'])} each "
                         "(weights + AdamW state)"),
         ("data", f"{data_tokens} tokens prepared (source size {p['source_size']})"),

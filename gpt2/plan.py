@@ -2,7 +2,8 @@
 
 From a config and a GPU choice: tokens and steps, checkpoints and their size,
 local disk on the data VM and on the GPU node, the micro-batch `auto` is
-expected to pick, and the time, GPU-hours and price at an assumed MFU.
+expected to pick with the memory savers it needs (ZeRO-1, activation
+recomputation: runtime.shard_optimizer, runtime.recompute), and the time, GPU-hours and price at an assumed MFU.
 
 Time = FLOPs / (peak dense bf16 FLOP/s × GPUs × MFU), with FLOPs per token from
 gpt2.model (6·N + 12·L·C·T, the MFU convention of gpt2.train.throughput).
@@ -29,7 +30,7 @@ from gpt2.model import GPT
 from gpt2.steps import planned_steps
 from gpt2.train.memory import estimate_step_bytes
 from gpt2.train.session import check_batch_shape
-from gpt2.train.step import micro_batch_candidates
+from gpt2.train.step import MemorySettings, configured, memory_candidates, micro_batch_candidates
 from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of
 
 ASSUMED_MFU = 0.4
@@ -84,6 +85,14 @@ def expected_micro_batch(seqs_per_rank: int, fits: Callable[[int], bool]) -> int
     return next((b for b in micro_batch_candidates(seqs_per_rank) if fits(b)), 0)
 
 
+def expected_fit(seqs_per_rank: int, fits: Callable[[int, MemorySettings], bool], shard_optimizer: bool | str,
+                 recompute: bool | str, gpus: int) -> tuple[int, MemorySettings]:
+    """What gpt2.train.step.find_memory_fit settles on (the same candidates,
+    in the same order): (0, the last settings tried) when nothing fits."""
+    tried = list(memory_candidates(seqs_per_rank, shard_optimizer, recompute, gpus))
+    return next(((b, s) for b, s in tried if fits(b, s)), (0, tried[-1][1]))
+
+
 def _source(config: Config, list_source: bool) -> tuple[SourceFiles, str]:
     """The data source with its size: measured (built-in), listed (local, or
     remote with `list_source`), else estimated from the tokens training reads."""
@@ -126,11 +135,16 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     # Micro-batch: the setting, or what the search is expected to find fits.
     memory_bytes = int(g.memory_gib * (1 << 30))
 
-    def step_bytes(batch: int) -> int:
-        return estimate_step_bytes(n_params, m.n_layer, m.n_embd, m.vocab_size, batch * m.block_size)
+    def step_bytes(batch: int, saving: MemorySettings) -> int:
+        return estimate_step_bytes(n_params, m.n_layer, m.n_embd, m.vocab_size, batch * m.block_size,
+                                   gpus if saving.shard_optimizer else 1, saving.recompute)
 
-    auto = t.micro_batch_size == "auto"
-    micro = expected_micro_batch(seqs_per_rank, lambda b: step_bytes(b) <= memory_bytes) if auto else t.micro_batch_size
+    auto, rt = t.micro_batch_size == "auto", config.runtime
+    if auto:
+        micro, saving = expected_fit(seqs_per_rank, lambda b, s: step_bytes(b, s) <= memory_bytes,
+                                     rt.shard_optimizer, rt.recompute, gpus)
+    else:  # as in training: `auto` savers are searched beside an `auto` micro-batch only
+        micro, saving = t.micro_batch_size, configured(rt.shard_optimizer, rt.recompute, gpus)
     if not auto and seqs_per_rank % micro:
         raise PlanError(f"train.micro_batch_size={micro} does not divide the {seqs_per_rank} sequences each of "
                         f"{gpus} GPU(s) gets per step; choose a divisor of {seqs_per_rank} or auto")
@@ -173,7 +187,9 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "micro_batch_size": micro or None,
         "micro_batch_auto": auto,
         "accumulation_steps": seqs_per_rank // micro if micro else None,
-        "gpu_memory_bytes_estimated": step_bytes(micro or 1),
+        "gpu_memory_bytes_estimated": step_bytes(micro or 1, saving),
+        "shard_optimizer": saving.shard_optimizer,
+        "recompute": saving.recompute,
         "checkpoints": checkpoints,
         "checkpoints_kept": kept,
         "checkpoint_bytes": checkpoint_bytes,
