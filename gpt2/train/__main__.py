@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpt2.config import Config
 from gpt2.errors import UserError
+from gpt2.steps import with_resolved_steps
 from gpt2.train.launch import StatusFile
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
@@ -74,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     # Every machine's launcher needs the outcome: local rank 0 writes it where global rank 0 is elsewhere.
     status = StatusFile(args.status) if args.status and (rank == 0 or _local_rank() == 0) else None
     outcome = status.write if status is not None else lambda *a, **k: None
+    try:
+        config = with_resolved_steps(config)  # `epoch` as a number, the progress bar's total too
+    except UserError as err:
+        log.error("%s", err)
+        outcome("error", message=str(err))
+        return 1
     bar, report = _reporter(rank, config.train.max_steps, status)
     try:
         tags = dict(t.split("=", 1) for t in args.tag)

@@ -57,3 +57,18 @@ def test_plan_uses_the_manifest_or_names_its_assumption(tmp_path):
     assert (plan["steps"], plan["steps_from"], plan["tokens"]) == (8, "manifest", 8 * 256)
     assert storage.exists(layout.manifest(config)) and layout.manifest(config) in plan["steps_note"]
     assert make_plan(tiny_config(tmp_path), "H100")["steps_from"] == "set"
+
+
+def test_the_trainer_command_resolves_epoch(tmp_path, capsys):
+    import json
+
+    from gpt2.train.__main__ import main
+    from tests.gpt2.train.fixtures import write_run_json
+
+    config = tiny_config(tmp_path, **{"train.max_steps": "epoch", "tracking.enabled": False})
+    run_json = write_run_json(config, tmp_path / "run.json")
+    assert main(["--config", str(run_json)]) == 1  # no data yet: refused, saying what to do
+    write_dataset(config, train_shards=1, shard_tokens=6 * 256)
+    assert main(["--config", str(run_json)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["steps"] == 6 and result["checkpoint"].endswith("step_000006")
