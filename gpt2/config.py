@@ -181,12 +181,16 @@ class RuntimeConfig(_Section):
     Kubernetes the headless service of the training Job; see deployments/)."""
     shard_optimizer: bool | Literal["auto"] = "auto"
     """ZeRO-1: shard AdamW's state across ranks (torch's ZeroRedundancyOptimizer);
-    same updates, 1/world of the optimizer memory. `auto` turns it on only when the
-    micro-batch search needs it to fit (several ranks only)."""
+    same updates, 1/world of the optimizer memory. Checkpoints hold the full AdamW
+    state either way. `auto` turns it on only when the micro-batch search
+    (train.micro_batch_size=auto) needs it to fit, before halving the micro-batch;
+    beside a fixed micro-batch `auto` is off. No effect on one process."""
     recompute: bool | Literal["auto"] = "auto"
     """Activation recomputation per transformer block (torch.utils.checkpoint): same
     results, far less activation memory, about a third more compute. `auto` turns it
-    on only when the micro-batch search needs it to fit."""
+    on only when the micro-batch search (train.micro_batch_size=auto) needs it, and
+    only rather than halve the micro-batch below 8 sequences: above that, halving
+    costs less than the recomputation. Beside a fixed micro-batch `auto` is off."""
     data_cluster: str | None = None
     """Tokenize the source's work units on a Dask cluster (through prefect-dask):
     `local` starts one on this machine with num_workers worker processes; a
