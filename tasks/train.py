@@ -4,11 +4,16 @@ Cached on the training identity (gpt2.identity.train_fingerprint) + code
 version. Retrying is always safe because training resumes from the newest
 checkpoint; errors that a retry cannot fix (NaN loss, out of memory, a bad
 batch shape) and preemption (the process is going away) are not retried.
+A multi-node run whose other machines were preempted ends Crashed, like a
+preempted machine's own run, for the reschedule automation.
 """
 
 from __future__ import annotations
 
+import signal
+
 from prefect import get_run_logger, task
+from prefect.exceptions import TerminationSignal
 
 from gpt2 import layout
 from gpt2.config import Config
@@ -16,6 +21,7 @@ from gpt2.identity import train_fingerprint
 from gpt2.steps import with_resolved_steps
 from gpt2.train.launch import train_stage
 from gpt2.train.progress import ProgressBar, StepInfo
+from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
 from tasks.common import ProgressArtifact, identity_cache_key
 
@@ -37,6 +43,12 @@ def train(config: Config, parent_run_id: str | None = None, tags: dict | None = 
 
     try:
         result = train_stage(config, progress, get_run_logger().info, parent_run_id, tags, isolate=True)
+    except Preempted as err:
+        if config.runtime.nnodes > 1:
+            # Another machine of the run got the SIGTERM, not this process: end the run Crashed as Prefect's
+            # SIGTERM bridge does on one machine, so the reschedule automation resumes it the same way.
+            raise TerminationSignal(signal.SIGTERM) from err
+        raise
     finally:
         bar.close()
     artifact.update(1.0, force=True)
