@@ -190,3 +190,30 @@ def test_the_pods_command_trains_as_two_local_pods_and_their_records_give_the_re
     assert result.world_size == 2 and result.steps == 4 and result.checkpoint.endswith("step_000004")
     k8s_status.clear_outcomes(config, name)
     assert k8s_status.read_outcomes(config, name) == [None, None]
+
+
+def test_the_role_grants_every_call_the_flow_makes():
+    import yaml
+
+    from gpt2.train import k8s_run
+
+    rbac = list(yaml.safe_load_all((REPO / "deployments" / "multinode" / "rbac.yaml").read_text()))
+    [role] = [d for d in rbac if d["kind"] == "Role"]
+    [binding] = [d for d in rbac if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    plural = {"pod": "pods", "job": "jobs", "job_status": "jobs/status", "service": "services",
+              "config_map": "configmaps"}
+    verb = {"read": "get", "create": "create", "delete": "delete"}
+    calls = set(re.findall(r"\b(read|create|delete)_namespaced_(\w+)", Path(k8s_run.__file__).read_text()))
+    assert len(calls) == 8  # the pod read; jobs read (status), created, deleted; services, configmaps too
+    assert {(plural[r], verb[v]) for v, r in calls} <= granted
+
+
+def test_the_image_has_the_kubernetes_client_the_flow_pod_uses():
+    from importlib.metadata import requires
+
+    assert 'pip install -e ".[kubernetes]"' in (REPO / "deployments" / "Dockerfile").read_text()
+    # The extra is prefect-kubernetes, which brings the client k8s_run and k8s_template import.
+    assert any(r.startswith("kubernetes-asyncio") or r.startswith("kubernetes_asyncio")
+               for r in requires("prefect-kubernetes"))
