@@ -4,9 +4,10 @@ turn the nodes' records into the result (gpt2.train.k8s_status).
 
 The Job is named for the run and the flow run, so a rescheduled attempt of
 the same flow run finds a Job it started and still running and waits for it
-instead of starting a second one; a finished one is replaced. If we are
-stopped (a cancellation, a SIGTERM to the flow's own pod) the Job is
-deleted, which gives every node SIGTERM, so they checkpoint and stop.
+instead of starting a second one; a finished one is replaced. The objects
+are owned by the flow's pod: when that pod goes (a cancellation, its machine
+reclaimed), Kubernetes deletes them and every node gets SIGTERM, so they
+checkpoint and stop; a flow process that is stopped deletes them itself too.
 
 The flow's pod needs RBAC to get pods and to create, get and delete Jobs,
 Services and ConfigMaps in its namespace (deployments/README.md).
@@ -81,6 +82,10 @@ async def _start(config: Config, batch, core, api, name: str, namespace: str, np
                  parent_run_id: str | None, tags: dict | None, emit: Callable[[str], None]) -> None:
     """Attach to a running Job of this name, or (re)create the objects."""
     job = await _existing_job(batch, name, namespace)
+    if job is not None and job.metadata.deletion_timestamp is not None:
+        emit(f"training Job {name} of an earlier attempt is being deleted: waiting for it to go")
+        await _gone(batch, name, namespace)
+        job = None
     if job is not None and not k8s_status.job_state(job).final:
         emit(f"training Job {name} is already running: waiting for it")
         return

@@ -79,7 +79,16 @@ def values(config: Config, name: str, namespace: str, pod: dict, nproc: int, par
         "termination_grace_period_seconds": spec.get("terminationGracePeriodSeconds"),
         "run_json": json.dumps(trainer_config.model_dump(mode="json")),
         "launch_json": json.dumps({"parent_run_id": parent_run_id, "tags": tags or {}}),
+        "owner_references": _owned_by(pod),
     }
+
+
+def _owned_by(pod: dict) -> list[dict] | None:
+    """The flow's pod as the owner (None for a pod description without a uid)."""
+    meta = pod.get("metadata") or {}
+    if not meta.get("uid"):
+        return None
+    return [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}]
 
 
 def _substitute(node: Any, vals: dict[str, Any]) -> Any:

@@ -28,7 +28,7 @@ POOL = json.loads((REPO / "deployments" / "pools" / "kubernetes-gpu.json").read_
 
 # The flow's own pod as the GPU pool's template makes it (API camelCase), with a Secret added
 # the way deployments/README.md says.
-FLOW_POD = {"metadata": {"name": "gpt2-train-flow-abcde"}, "spec": {
+FLOW_POD = {"metadata": {"name": "gpt2-train-flow-abcde", "uid": "6f1e1c2a-0000-4000-8000-000000000001"}, "spec": {
     **{k: v for k, v in POOL["job_configuration"]["job_manifest"]["spec"]["template"]["spec"].items()
        if k in ("nodeSelector", "tolerations", "restartPolicy")},
     "serviceAccountName": "gpt2-trainer",
@@ -59,6 +59,10 @@ def test_every_object_is_what_kubernetes_takes_and_what_the_pods_need(tmp_path):
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(f"{name}-999") <= 63
     assert name == k8s_template.job_name(config, "flow-run-1") != k8s_template.job_name(config, "flow-run-2")
 
+    # Owned by the flow's pod: deleting it (a cancelled flow run, a reclaimed machine) deletes them all.
+    for m in models:
+        [owner] = m.metadata.owner_references
+        assert (owner.kind, owner.name, owner.uid) == ("Pod", FLOW_POD["metadata"]["name"], FLOW_POD["metadata"]["uid"])
     assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses
     assert svc.spec.selector == {"job-name": name} and svc.spec.ports[0].port == k8s_template.RDZV_PORT
     spec = job.spec
