@@ -175,10 +175,11 @@ class RuntimeConfig(_Section):
     so the pool's GPU count alone decides."""
     nnodes: int = Field(1, ge=1)
     """Machines to train across (torchrun --nnodes); each runs nproc_per_node
-    processes. >1 needs rdzv_endpoint."""
+    processes. >1 needs rdzv_endpoint (set by the training flow on Kubernetes)."""
     rdzv_endpoint: str | None = None
     """host:port of the c10d rendezvous every node joins when nnodes > 1 (on
-    Kubernetes the headless service of the training Job; see deployments/)."""
+    Kubernetes the training flow sets it: pod 0 of its Job through the headless
+    Service; see deployments/README.md)."""
     shard_optimizer: bool | Literal["auto"] = "auto"
     """ZeRO-1: shard AdamW's state across ranks (torch's ZeroRedundancyOptimizer);
     same updates, 1/world of the optimizer memory. Checkpoints hold the full AdamW

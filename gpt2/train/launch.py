@@ -195,14 +195,15 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     SIGTERM handling). With `runtime.nnodes` > 1 this is one machine's part:
     every machine runs the same config."""
     nproc = nproc_per_node(config)
-    multinode.check(config)
     # Fail here, before any process starts, when the global batch cannot split over every node's processes.
     check_batch_shape(config, multinode.world_size(config, nproc))
     if config.runtime.nnodes > 1 and isolate:
         from gpt2.train import k8s_run  # imports the launcher itself (a node pod runs torchrun_train)
 
         if k8s_run.in_cluster():  # a pod of the Kubernetes pool: the nodes are the pods of a Job of their own
+            multinode.warn_unshared_root(config)
             return k8s_run.kubernetes_train(config, nproc, log_line, parent_run_id, tags)
+    multinode.check(config)
     if isolate or nproc > 1 or config.runtime.nnodes > 1:
         return torchrun_train(config, progress, log_line, parent_run_id, tags, nproc)
     return train(config, progress=progress, parent_run_id=parent_run_id, tags=tags)

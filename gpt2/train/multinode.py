@@ -55,7 +55,13 @@ def check(config: Config) -> None:
             f"runtime.nnodes={rt.nnodes} needs runtime.rdzv_endpoint (host:port where the nodes meet, e.g. "
             "node0:29500; on Kubernetes the training flow sets it); or train on one machine with runtime.nnodes=1")
     parse_endpoint(rt.rdzv_endpoint)
-    if layout.local_root(config) is not None:
+    warn_unshared_root(config)
+
+
+def warn_unshared_root(config: Config) -> None:
+    """Said, not refused: a local root may be shared storage, which cannot be told from here."""
+    rt = config.runtime
+    if rt.nnodes > 1 and layout.local_root(config) is not None:
         log.warning("runtime.nnodes=%d with the local root %s: every node reads the shards there and global "
                     "rank 0, which may be on any node, writes the checkpoints there; this only works if it is "
                     "storage all nodes share at the same path (NFS, a shared volume), else use a gs:// or s3:// "
