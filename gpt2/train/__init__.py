@@ -3,6 +3,11 @@
     run.py          train(): process group, session, loop, SIGTERM -> Preempted
     __main__.py     python -m gpt2.train --config run.json (torchrun's entry point)
     launch.py       in this process, or under torchrun with a JSON status file
+    multinode.py    runtime.nnodes > 1: torchrun's c10d rendezvous across machines
+    node.py         python -m gpt2.train.node: one pod of a multi-node Kubernetes Job
+    k8s_template.py that Job's objects, rendered and checked (deployments/multinode/)
+    k8s_run.py      creating the Job from the flow's pod and waiting for it
+    k8s_status.py   the Job's state and its nodes' outcome records
     session.py      what a run builds before its first step (data, model, resume)
     loop.py         steps, validation, samples, checkpoints, metrics
     step.py         one optimizer step, a validation pass, the micro-batch search
