@@ -28,7 +28,7 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes
 from gpt2.train.optim import make_optimizer
-from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_memory_fit
+from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +179,10 @@ def _micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext)
     else:
         probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip,
                                 memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
-        chosen, settings = find_memory_fit(
-            raw, lambda shard: make_optimizer(raw, config.train, ctx.env.device_type, shard), seqs_per_rank,
+        found = find_micro_batch(
+            raw, lambda shard=False: make_optimizer(raw, config.train, ctx.env.device_type, shard), seqs_per_rank,
             config.model.block_size, config.model.vocab_size, probe_ctx, rt.shard_optimizer, rt.recompute)
+        chosen, settings = int(found), found.memory
         log.info("train.micro_batch_size=auto chose %d sequences x %d tokens (%d accumulation steps)",
                  chosen, config.model.block_size, seqs_per_rank // chosen)
     raw.recompute = settings.recompute

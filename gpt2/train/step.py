@@ -173,12 +173,29 @@ def _local(env: DistEnv) -> DistEnv:
     return DistEnv(rank=0, local_rank=env.local_rank, world_size=1, device=env.device)
 
 
-def find_micro_batch(model: torch.nn.Module, make_opt: Callable[[], torch.optim.Optimizer],
-                     seqs_per_rank: int, seq_len: int, vocab: int, ctx: StepContext) -> int:
+class MicroBatch(int):
+    """A micro-batch size (an int, as it always was) that also carries the
+    memory settings it fits with."""
+
+    memory: MemorySettings
+
+    def __new__(cls, size: int, memory: MemorySettings) -> MicroBatch:
+        self = super().__new__(cls, size)
+        self.memory = memory
+        return self
+
+
+def find_micro_batch(model: torch.nn.Module, make_opt: Callable[..., torch.optim.Optimizer],
+                     seqs_per_rank: int, seq_len: int, vocab: int, ctx: StepContext,
+                     shard_optimizer: bool | str = False, recompute: bool | str = False) -> MicroBatch:
     """The largest micro-batch dividing `seqs_per_rank` whose full training
-    step fits in memory, halving on OOM; the same on every rank (the minimum)."""
-    batch, _ = find_memory_fit(model, lambda shard: make_opt(), seqs_per_rank, seq_len, vocab, ctx)
-    return batch
+    step fits in memory, trying the memory settings of `memory_candidates`
+    before halving; the same on every rank. `make_opt()` builds the optimizer,
+    `make_opt(True)` its ZeRO-1 form (asked for only when a candidate shards)."""
+    def build(shard: bool) -> torch.optim.Optimizer:
+        return make_opt(True) if shard else make_opt()
+
+    return MicroBatch(*find_memory_fit(model, build, seqs_per_rank, seq_len, vocab, ctx, shard_optimizer, recompute))
 
 
 def find_memory_fit(model: torch.nn.Module, make_opt: Callable[[bool], torch.optim.Optimizer],

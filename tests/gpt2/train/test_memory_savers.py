@@ -13,7 +13,8 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv
 from gpt2.train.optim import make_optimizer
-from gpt2.train.step import RECOMPUTE_FLOOR, MemorySettings, StepContext, find_memory_fit, memory_candidates
+from gpt2.train.step import (RECOMPUTE_FLOOR, MemorySettings, StepContext, find_memory_fit, find_micro_batch,
+                             memory_candidates)
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 # Deep and narrow, so that blocks (not the 50304-entry logits) hold a good
@@ -94,6 +95,11 @@ def test_auto_recomputes_where_the_plain_step_does_not_fit_and_false_halves_inst
     assert _fit(model, 1024, "auto") == (8, PLAIN) and model.recompute is False
     assert _fit(model, 280, "auto") == (8, MemorySettings(False, True)) and model.recompute is True
     assert _fit(model, 280, False) == (4, PLAIN) and model.recompute is False
+    # The trainer's entry point: still the micro-batch as an int, now with the settings it needs.
+    found = find_micro_batch(model, lambda shard=False: make_optimizer(model, TrainConfig(), "cpu", shard), 8,
+                             DEEP.block_size, DEEP.vocab_size, StepContext(CPU, None, 1.0, memory_limit_mb=280),
+                             "auto", "auto")
+    assert found == 8 and found.memory == MemorySettings(False, True)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
