@@ -4,6 +4,9 @@ checkpointing and MLflow logging cost relative to a step.
     python -m bench.train_step                 # CPU: a small GPT, fp32
     python -m bench.train_step --cuda          # GPU: GPT-2 124M, bf16, eager vs compiled, MFU
 
+It also reports what runtime.recompute costs: our eager step with per-block
+recomputation against the same step without it.
+
 The reference is written here on purpose: a straightforward GPT module and an
 AdamW loop (same dims, batch, dtype, attention kernel), the baseline every
 number is a ratio against. Both run in this process, interleaved, so machine
@@ -130,6 +133,24 @@ def measure_steps(args, cfg: ModelConfig, device: torch.device, compile: bool) -
             "ours_median": statistics.median(t_ours), "ref_median": statistics.median(t_ref)}
 
 
+def report_recompute(r: dict, args, cfg: ModelConfig, device: torch.device) -> None:
+    """Our eager step with and without per-block recomputation, interleaved,
+    on the same model and batches (the baseline is the step without it)."""
+    model, opt = r["model"], r["opt"]
+    ctx = StepContext(DistEnv(0, 0, 1, device), amp_dtype(device), 1.0)
+    batches = [(torch.randint(0, 50257, (args.batch, cfg.block_size), device=device),) * 2
+               for _ in range(args.accum)]
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
+    times = {False: [], True: []}
+    for _ in range(args.steps):
+        for on in (False, True):
+            model.recompute = on
+            times[on].append(timed(lambda: train_step(model, model, opt, batches, ctx), device, clock))
+    model.recompute = False
+    print(f"recompute (runtime.recompute, eager): step time with/without {min(times[True]) / min(times[False]):.3f}x "
+          f"best, {statistics.median(times[True]) / statistics.median(times[False]):.3f}x median")
+
+
 def measure_checkpoint(model, opt, root: Path) -> dict:
     """What a checkpoint costs: the training thread is held for the snapshot;
     serializing, hashing and writing happen on the writer thread."""
@@ -224,6 +245,7 @@ def main() -> None:
         report_steps(results[compile], tokens, device, label)
     if len(results) == 2:
         print(f"ratio compiled/eager (ours, tokens/s): {results[False]['ours'] / results[True]['ours']:.3f}x best")
+    report_recompute(results[modes[0]], args, cfg, device)
     report_overheads(results[modes[-1]])
 
 
