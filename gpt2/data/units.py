@@ -192,7 +192,10 @@ def tokenize_unit(config: Config, unit: Unit, directory: str, limit: Limit | Non
         with open(tmp, "wb") as out:
             result = _encode_into(out, config, unit, limit)
         if local is not None:
-            storage.replace_durably(tmp, local / unit.name)  # durable before its record
+            # Its bytes were fsynced; the record's write fsyncs the directory. A
+            # crash that loses this rename but keeps the record is caught by
+            # completed(), which checks the part's size.
+            os.replace(tmp, local / unit.name)
         else:
             storage.put_file_atomic(tmp, storage.join(directory, unit.name))
     finally:
