@@ -102,7 +102,7 @@ def resolve(cfg: DataConfig) -> SourceFiles:
             f"{', '.join(FORMATS)}; got {sorted(str(f) for f in formats)}" + (f" (e.g. {bad})" if bad else "")
         )
     protocol = cfg.source.split("://", 1)[0] if "://" in cfg.source else "file"
-    # fsspec lists remote paths without their scheme; datasets needs it back.
+    # fsspec lists remote paths without their scheme; the unit readers need it back.
     files = tuple(p if "://" in p or protocol == "file" else f"{protocol}://{p}" for p in paths)
     sizes = tuple(int(fs.size(p) or 0) for p in paths)
     return SourceFiles(url=cfg.source, format=formats.pop(), files=files, sizes=sizes)
