@@ -8,9 +8,11 @@ import shutil
 
 import pytest
 import torch
+from mlflow import MlflowClient
 
 from gpt2 import storage
 from gpt2.checkpoint import store
+from gpt2.tracking import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
 from tests.gpt2.train.test_train_process import run_to_end
@@ -84,3 +86,7 @@ def test_auto_shards_the_optimizer_where_the_plain_step_does_not_fit(tmp_path, s
     result = run_to_end(config, tmp_path, torchrun=2)
     assert result["micro_batch_size"] == micro and result["shard_optimizer"] is (shard == "auto")
     assert result["recompute"] is False
+    # MLflow has the configured setting and what it resolved to.
+    params = MlflowClient(default_tracking_uri(config)).get_run(result["mlflow_run_id"]).data.params
+    assert params["runtime.shard_optimizer"] == str(shard)
+    assert params["resolved.runtime.shard_optimizer"] == str(shard == "auto")
