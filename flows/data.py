@@ -19,6 +19,7 @@ from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.config import Config
+from gpt2.data import sources
 from gpt2.data.download import download_ok
 from gpt2.data.llmc import ShardError
 from gpt2.data.disk import remove_intermediates
@@ -30,6 +31,7 @@ from gpt2.identity import data_fingerprint
 from gpt2.overrides import resolve_config
 from tasks.common import bind, run_cached
 from tasks.data import download, shard, tokenize, upload
+from tasks.data_cluster import check_cluster, workers_read_source
 from tasks.tracking import stage_run
 
 
@@ -47,11 +49,16 @@ def run_data_stage(config: Config) -> dict[str, Any]:
     """The four tasks; returns the prepare summary plus `cached`."""
     storage.check_writable(layout.root(config))
     complete = _complete(config)
+    if not complete:
+        check_cluster(config)  # a wrong runtime.data_cluster fails here, before any work
     # Data already complete: plain cached calls. Otherwise check each step's
     # outputs and recompute a step whose cached result lost its files.
     check = (lambda _: True) if complete else None
     steps = {}
-    src, steps["download"] = run_cached(download, config, valid=check or (lambda s: download_ok(config, s)))
+    if workers_read_source(config):
+        src = sources.resolve(config.data)  # the cluster's workers stream their own units
+    else:
+        src, steps["download"] = run_cached(download, config, valid=check or (lambda s: download_ok(config, s)))
     tok, steps["tokenize"] = run_cached(tokenize, config, src, valid=check or tokenized_ok)
     remove_intermediates(config, "tokenize")  # what runtime.keep_intermediate does not keep
     loc, steps["shard"] = run_cached(shard, config, tok, valid=check or local_shards_ok)
@@ -61,6 +68,7 @@ def run_data_stage(config: Config) -> dict[str, Any]:
     else:  # the root lacks (part of) the result: upload again, whatever the cache says
         url, steps["upload"] = bind(upload, config, refresh=True)(config, loc, src), False
     remove_intermediates(config, "upload")
+    storage.remove(layout.unit_staging_dir(config), recursive=True)  # a cluster's units: the shards are safe now
     result = summarize(url).model_dump()
     result["cached"] = all(steps.values())
     result["cached_steps"] = sorted(k for k, v in steps.items() if v)

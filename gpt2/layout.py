@@ -6,6 +6,7 @@ changes only when what it holds would:
 
     <root>/
       data/<name>-<data fp>/            manifest.json + llm.c shards
+      staging/<name>-tokenize-<fp>/     token units written by a Dask cluster's workers
       runs/<name>-<train fp>/           one training run
         checkpoints/step_000500/        a checkpoint (gpt2.checkpoint.store)
         lease/000001.json               who trains this run (gpt2.checkpoint.lease)
@@ -55,6 +56,15 @@ def manifest(config: Config) -> str:
 def shard(manifest_url: str, name: str) -> str:
     """A shard named in a manifest lives beside it."""
     return storage.join(posixpath.dirname(manifest_url), name)
+
+
+def unit_staging_dir(config: Config) -> str:
+    """Where a cluster's workers write token units (runtime.data_cluster):
+    under the root, which every worker reaches, unlike this machine's work
+    dir. Named by the tokenize step's identity; removed once the shards are
+    in the root."""
+    name = f"{config.data.name}-tokenize-{data_step_fingerprint(config, 'tokenize')[:HASH_CHARS]}"
+    return storage.join(root(config), "staging", name)
 
 
 def data_step_dir(config: Config, step: str) -> Path:

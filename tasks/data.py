@@ -17,6 +17,7 @@ from gpt2.data.tokenize import Tokenized, tokenize_source
 from gpt2.data.upload import upload_shards
 from gpt2.identity import data_step_fingerprint
 from tasks.common import ProgressArtifact, identity_cache_key
+from tasks.data_cluster import unit_executor
 
 
 def step_key(step: str):
@@ -40,7 +41,7 @@ def tokenize(config: Config, source: SourceFiles) -> Tokenized:
         fraction = tokens / limit if limit else docs / total if total else 0.0
         artifact.update(fraction)
 
-    result = tokenize_source(config, source, progress)
+    result = tokenize_source(config, source, progress, executor=unit_executor(config))
     artifact.update(1.0, force=True)
     return result
 
