@@ -61,8 +61,9 @@ def describe(p: dict[str, Any]) -> str:
                                                         "runtime.shard_optimizer)"),
                                       ("recompute", "activation recomputation (runtime.recompute)")) if p[key]]
     kept = p["checkpoints_kept"]
-    node_ckpt = ("+ the checkpoints (local root)" if p["checkpoints_on_gpu_node"]
-                 else "(checkpoints go to the remote root)")
+    node_ckpt = ("+ the checkpoints (local root) and the local copy a save writes first"
+                 if p["checkpoints_on_gpu_node"]
+                 else "+ the local copy a save writes first (checkpoints go to the remote root)")
     data_tokens = f"{'~' if p['data_tokens_estimated'] else ''}{p['data_tokens'] / 1e9:.2f}B"
     cost = (f"{p['cost']:,.2f} at {p['price_per_hour']:,.2f}/h for the machine" if p["cost"] is not None
             else "no --price-per-hour given")

@@ -157,12 +157,13 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     local_root = layout.local_root(config) is not None
 
     # Disk: the data stage's peak (gpt2.data.disk), and on the GPU node the
-    # shards (in the root, or cached from a remote one) plus, for a local
-    # root, the checkpoints.
+    # shards (in the root, or cached from a remote one), the local copy each
+    # save writes before the root's (gpt2.checkpoint.staging) and, for a
+    # local root, the checkpoints.
     source, size_from = _source(config, list_source)
     data = disk.plan(config, source)
     shard_bytes = int(data.tokens * disk.TOKEN_BYTES)
-    node_checkpoint_bytes = min(kept + 1, checkpoints) * checkpoint_bytes if local_root else 0
+    node_checkpoint_bytes = (min(kept + 1, checkpoints) * checkpoint_bytes if local_root else 0) + checkpoint_bytes
 
     # Time: training steps plus the validation passes, at the assumed MFU.
     tokens = t.max_steps * t.total_batch_tokens

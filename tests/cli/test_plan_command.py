@@ -50,9 +50,10 @@ def test_keys_and_arithmetic(h100x8):
     # Checkpoints every 500 steps plus the final one; 3 kept; weights + AdamW moments.
     assert p["checkpoints"] == 19_073 // 500 + 1 and p["checkpoints_kept"] == 3
     assert p["checkpoint_bytes"] == 12 * p["params"]
-    # A local root holds the shards and the checkpoints (one being written beyond those kept).
+    # A local root holds the shards and the checkpoints (one being written beyond those kept), and
+    # the work dir the local copy each save writes before the root's.
     assert p["checkpoints_on_gpu_node"] is True
-    assert p["disk_gpu_node_bytes"] == p["shard_bytes"] + 4 * p["checkpoint_bytes"]
+    assert p["disk_gpu_node_bytes"] == p["shard_bytes"] + (4 + 1) * p["checkpoint_bytes"]
     assert p["shard_bytes"] == 2 * p["data_tokens"] and p["data_tokens"] >= p["tokens"]
     assert p["disk_data_vm_bytes"] >= 3 * p["shard_bytes"]  # parts, shards and the root's copy at least
     assert p["micro_batch_auto"] is True and 64 % p["micro_batch_size"] == 0
