@@ -130,6 +130,30 @@ def test_cli_local_cluster_on_prefect_temporary_server(corpus, one_machine, tmp_
     assert proc.stderr.count("Starting temporary server") == 1
 
 
+def test_bucket_source_and_root_read_and_written_by_the_workers(prefect_server, corpus, one_machine, gcs_emulator,
+                                                                 monkeypatch, tmp_path):
+    """Source and root in a bucket (a real GCS JSON API on loopback), as on a
+    real cluster: the workers read their own byte ranges from the bucket and
+    write their units under the root; nothing is downloaded here."""
+    import fsspec
+
+    from flows.data import data_flow
+
+    monkeypatch.setenv("FSSPEC_GCS_TOKEN", "anon")  # the workers do not share this process's fsspec.config
+    fsspec.filesystem("gcs").put_file(str(corpus), f"{gcs_emulator}/corpus.jsonl")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        args = _args(tmp_path, corpus, **{"data.source": f"{gcs_emulator}/corpus.jsonl",
+                                          "runtime.data_cluster": cluster.scheduler_address})
+        args["root"] = f"{gcs_emulator}/root"
+        result = data_flow(**args)
+    config = resolve_config(args["preset"], args["overrides"], root=args["root"])
+    manifest, shards = one_machine
+    assert load_manifest(result["manifest"]).shards == manifest.shards
+    assert _shards(result["manifest"]) == shards
+    assert not layout.data_step_dir(config, "download").exists()
+    assert not storage.exists(layout.unit_staging_dir(config))
+
+
 def _kill_a_busy_worker(client, killed: list, stop: threading.Event) -> None:
     """SIGKILL the process of the first worker seen running a unit."""
     pids = client.run(os.getpid)  # worker address -> its process id
