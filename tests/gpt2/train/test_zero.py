@@ -64,10 +64,13 @@ def test_zero1_on_two_processes_equals_plain_adamw_and_checkpoints_resume_across
     assert unsharded["resumed_from_step"] == 4 and unsharded["shard_optimizer"] is False
     _assert_same_run(unsharded, plain)
 
-    # Written without it, resumed with it.
+    # Written without it, resumed with it (and with recomputation under DDP,
+    # which changes no number either).
     _keep_only(plain_config, 4)
-    resharded = run_to_end(tiny_config(plain_tmp, **{"runtime.shard_optimizer": True}), plain_tmp, torchrun=2)
+    resharded = run_to_end(tiny_config(plain_tmp, **{"runtime.shard_optimizer": True, "runtime.recompute": True}),
+                           plain_tmp, torchrun=2)
     assert resharded["resumed_from_step"] == 4 and resharded["shard_optimizer"] is True
+    assert resharded["recompute"] is True
     _assert_same_run(resharded, plain)
 
 
