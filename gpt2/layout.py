@@ -79,6 +79,12 @@ def shard_cache_dir(config: Config, dataset_name: str, fingerprint: str) -> Path
     return config.runtime.work_root / "shards" / f"{dataset_name}-{fingerprint[:HASH_CHARS]}"
 
 
+def checkpoint_staging_dir(config: Config) -> str:
+    """Where a run's checkpoints are written locally before their upload to the
+    root (a file:// URL under the work dir, named like the run; gpt2.checkpoint.staging)."""
+    return (config.runtime.work_root / "staged-checkpoints" / run_name(config)).as_uri()
+
+
 # --- training runs and checkpoints ----------------------------------------
 
 

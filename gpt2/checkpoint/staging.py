@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def staging_dir(config: Config) -> str:
     """This run's local staging directory (a file:// URL), named like the run."""
-    return (config.runtime.work_root / "staged-checkpoints" / layout.run_name(config)).as_uri()
+    return layout.checkpoint_staging_dir(config)
 
 
 def _step(url: str) -> int:
