@@ -70,6 +70,29 @@ def prefect_env() -> None:
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    # Prefect waits 20 s for its temporary server, which a busy 2-core machine
+    # can miss (migrations, then uvicorn): a generous wait costs nothing when the
+    # server is quick, and the run is not lost to a start-up race.
+    os.environ.setdefault(SERVER_WAIT_SETTING, str(SERVER_WAIT_S))
+
+
+SERVER_WAIT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+SERVER_WAIT_S = 180
+
+
+def server_start_failure(err: BaseException) -> str | None:
+    """The message for Prefect's temporary server not answering in time: what
+    happened, how long it waited, and the setting to raise; None for any
+    other error."""
+    import os
+
+    text = str(err)
+    if "ephemeral Prefect API server" not in text:
+        return None
+    waited = os.environ.get(SERVER_WAIT_SETTING, "20")
+    return (f"Prefect's temporary API server did not answer within {waited} s ({text.splitlines()[0][:300]}). "
+            f"On a busy machine raise {SERVER_WAIT_SETTING} (e.g. {SERVER_WAIT_SETTING}=600), or point "
+            "PREFECT_API_URL at a running server (`gpt2 stack up`)")
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -104,6 +127,11 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     except TerminationSignal:  # SIGTERM: Prefect marked the run Crashed once the trainer had checkpointed
         fail("stopped by SIGTERM; work done so far is kept (training wrote a checkpoint): rerun the same command "
              "to continue", code=143)
-    except errors or user_errors() as err:
+    except Exception as err:
+        message = server_start_failure(err)
+        if message is not None:
+            fail(message)
+        if not isinstance(err, errors or user_errors()):
+            raise
         known = isinstance(err, user_errors())  # their messages already say what and where
         fail(str(err) if known else f"{type(err).__name__}: {err}")

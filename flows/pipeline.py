@@ -19,12 +19,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
 
-from flows.data import data_flow
 from flows.entry import flow_main
-from flows.evaluate import eval_flow
-from flows.export import export_flow
 from flows.stages import run_stage_deployment, stage_overrides
-from flows.train import train_flow
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
@@ -58,8 +54,22 @@ def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id
         stage_params = {**params, "overrides": stage_overrides(config, params["overrides"]),
                         "parent_run_id": parent_run_id}
         return run_stage_deployment(stage, config, stage_params, parent_key=str(flow_run.id))
-    local = {"data": data_flow, "train": train_flow, "evaluate": eval_flow, "export": export_flow}[stage]
-    return local(**params, parent_run_id=parent_run_id)
+    return _local_stage(stage)(**params, parent_run_id=parent_run_id)
+
+
+def _local_stage(stage: str):
+    """The stage's flow, imported only when it runs in this process: on the work
+    pools the parent never loads torch, transformers or the data libraries, so
+    every start and restart of the parent's process stays quick."""
+    if stage == "data":
+        from flows.data import data_flow as stage_flow
+    elif stage == "train":
+        from flows.train import train_flow as stage_flow
+    elif stage == "evaluate":
+        from flows.evaluate import eval_flow as stage_flow
+    else:
+        from flows.export import export_flow as stage_flow
+    return stage_flow
 
 
 def pin_steps(config: Config, params: dict[str, Any]) -> Config:

@@ -9,9 +9,13 @@ gets these tags through `flow_run_tags`.
 
 from __future__ import annotations
 
-from gpt2.checkpoint.ref import CheckpointRef
+from typing import TYPE_CHECKING
+
 from gpt2.config import Config
 from gpt2.tracking import Tracker
+
+if TYPE_CHECKING:  # the checkpoint package loads torch: the parent flow, which opens runs, never needs it
+    from gpt2.checkpoint.ref import CheckpointRef
 
 
 def flow_run_tags() -> dict[str, str]:

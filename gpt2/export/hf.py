@@ -15,10 +15,13 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+from typing import TYPE_CHECKING
 
 from gpt2.config import ModelConfig
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB, bpe_files_dir
+
+if TYPE_CHECKING:  # transformers takes seconds to import: only the functions that build HF objects load it
+    from transformers import GPT2Config, GPT2LMHeadModel
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 PREFIXES = ("_orig_mod.", "module.")
@@ -51,6 +54,8 @@ def to_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def hf_config(cfg: ModelConfig) -> GPT2Config:
+    from transformers import GPT2Config
+
     return GPT2Config(
         vocab_size=N_VOCAB,
         n_positions=cfg.block_size,
@@ -70,6 +75,8 @@ def hf_config(cfg: ModelConfig) -> GPT2Config:
 
 
 def build_hf_model(state: dict[str, torch.Tensor], cfg: ModelConfig) -> GPT2LMHeadModel:
+    from transformers import GPT2LMHeadModel
+
     model = GPT2LMHeadModel(hf_config(cfg))
     missing, unexpected = model.load_state_dict(to_hf_state_dict(state), strict=False)
     missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
@@ -83,6 +90,8 @@ def write_tokenizer(out_dir: Path, max_length: int) -> None:
     """GPT-2's tokenizer files (vocab.json, merges.txt, tokenizer.json, configs)
     built from the same verified BPE files tiktoken uses: encoder.json is
     vocab.json and vocab.bpe is merges.txt."""
+    from transformers import GPT2TokenizerFast
+
     src = bpe_files_dir()
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copyfile(src / "encoder.json", Path(tmp) / "vocab.json")
@@ -100,6 +109,8 @@ def write_tokenizer(out_dir: Path, max_length: int) -> None:
 def write_hf_dir(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path) -> Path:
     """Write a complete HF model directory (safetensors, config.json,
     generation_config.json, tokenizer) to a local `out_dir`."""
+    from transformers import GenerationConfig
+
     out_dir.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(state, cfg)
     model.generation_config = GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN)
