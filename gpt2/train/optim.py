@@ -7,9 +7,9 @@ at `max_steps`.
 
 With `runtime.shard_optimizer` on several ranks the same AdamW runs as ZeRO-1
 (torch's ZeroRedundancyOptimizer): each rank keeps the moments of its share of
-the parameters, steps that share and broadcasts it. Checkpoints still hold the
-full AdamW state (gathered on rank 0), so any run resumes under any setting and
-any number of ranks.
+the parameters, steps that share and broadcasts it. Each rank checkpoints the
+state it keeps (gpt2.train.optim_share), and the shares merged are a plain
+AdamW's state, so any run resumes under any setting and any number of ranks.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def _sharded_adamw() -> type:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     class ShardedAdamW(ZeroRedundancyOptimizer):
-        """AdamW as ZeRO-1 whose `state_dict` (after `gather_state` on every rank)
-        is exactly a plain AdamW's: the same parameter indices and group keys."""
+        """AdamW as ZeRO-1 whose `state_dict` (after `consolidate_state_dict` on
+        every rank) is exactly a plain AdamW's: the same parameter indices and group keys."""
 
         def state_dict(self) -> dict:
             full = super().state_dict()
@@ -59,7 +59,12 @@ def _sharded_adamw() -> type:
 
         def load_state_dict(self, state_dict: dict) -> None:
             # ZeRO blanks the other ranks' entries of the dict it is given: give it its own.
-            super().load_state_dict({**state_dict, "state": dict(state_dict["state"])})
+            # 0-dim tensors (`step`) go as numbers: ZeRO would copy them to the
+            # parameter's device and then force them onto the CPU, where the fused
+            # kernel cannot use them; `place_state` makes them tensors again.
+            state = {i: {k: v.item() if torch.is_tensor(v) and v.dim() == 0 else v for k, v in entry.items()}
+                     for i, entry in state_dict["state"].items()}
+            super().load_state_dict({**state_dict, "state": state})
 
     return ShardedAdamW
 
@@ -71,17 +76,22 @@ def is_sharded(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,
-                   shard: bool = False) -> torch.optim.Optimizer:
+                   shard: bool = False, fused: bool | None = None) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel on CUDA (llm.c/nanoGPT); the lr is set each
-    step. `shard`: ZeRO-1 over the process group (a plain AdamW on one rank)."""
+    step. `shard`: ZeRO-1 over the process group (a plain AdamW on one rank).
+    `fused`: the kernel choice (None: fused on CUDA only; tests run the fused
+    CPU kernel with True)."""
     groups = param_groups(model, cfg.weight_decay)
-    fused = device_type == "cuda"
+    fused = device_type == "cuda" if fused is None else fused
     n_decay = sum(p.numel() for p in groups[0]["params"])
     n_plain = sum(p.numel() for p in groups[1]["params"])
     log.debug("AdamW: %d decayed / %d non-decayed parameters (fused=%s)", n_decay, n_plain, fused)
     kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, fused=fused)
     if shard and dist.is_initialized() and dist.get_world_size() > 1:
-        return _sharded_adamw()(groups, optimizer_class=torch.optim.AdamW, **kwargs)
+        # The parameters live in one flat buffer per rank's share: after each step
+        # ZeRO broadcasts world-size buffers instead of one tensor per parameter
+        # (~580 broadcasts a step at 1558m).
+        return _sharded_adamw()(groups, optimizer_class=torch.optim.AdamW, parameters_as_bucket_view=True, **kwargs)
     return torch.optim.AdamW(groups, **kwargs)
 
 
@@ -97,12 +107,43 @@ def owned_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in local_part(optimizer).param_groups for p in group["params"]]
 
 
-def gather_state(optimizer: torch.optim.Optimizer) -> None:
-    """Before rank 0 reads `optimizer.state_dict()` for a checkpoint: ZeRO's
-    shards are sent to rank 0 (a collective: every rank calls it); a plain
-    optimizer already holds its full state."""
-    if is_sharded(optimizer):
-        optimizer.consolidate_state_dict(to=0)
+def load_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a checkpoint's AdamW state (written plain or sharded, fused or not,
+    on any device and number of ranks) so the kernels this optimizer runs
+    find every tensor where and as they expect it (`place_state`)."""
+    # Kernel choices (fused/foreach) belong to this machine, not the checkpoint.
+    # Given to the saved groups, so loading places the state by them, and
+    # ZeRO-1 hands them on to its local AdamW.
+    kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+    groups = [{**group, **own} for group, own in zip(saved["param_groups"], kernels, strict=True)]
+    optimizer.load_state_dict({**saved, "param_groups": groups})
+    place_state(optimizer)
+
+
+def _step_dtype(fused: bool) -> torch.dtype:
+    """The dtype AdamW gives `step` when it creates it (torch.optim.optimizer._get_scalar_dtype)."""
+    return torch.float32 if fused or torch.get_default_dtype() != torch.float64 else torch.float64
+
+
+def place_state(optimizer: torch.optim.Optimizer) -> None:
+    """Put this rank's AdamW state where its kernel wants it, as a fresh
+    optimizer would have created it: moments on the parameter's device in its
+    dtype; `step` a float32 tensor on the parameter's device for the fused
+    (and capturable) kernels, else on the CPU. `Optimizer.load_state_dict`
+    places `step` by the *saved* group's flags (a checkpoint written on the CPU
+    says unfused) and ZeRO-1's always moves it to the CPU (PyTorch issue
+    124133): the fused CUDA kernel then fails on the first resumed step."""
+    local = local_part(optimizer)
+    for group in local.param_groups:
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            state = local.state.get(p)
+            for key, value in (state or {}).items():
+                if key == "step":  # a tensor, or a number from ShardedAdamW.load_state_dict
+                    state[key] = torch.as_tensor(value, dtype=_step_dtype(on_device),
+                                                 device=p.device if on_device else "cpu")
+                elif torch.is_tensor(value):
+                    state[key] = value.to(device=p.device, dtype=p.dtype if value.is_floating_point() else None)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
