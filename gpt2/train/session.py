@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from gpt2 import layout, storage
 from gpt2.checkpoint import staging, store
@@ -27,7 +28,6 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes
 from gpt2.train.optim import load_state, make_optimizer
-from gpt2.train.parallel import wrap_ddp
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch
 
 log = logging.getLogger(__name__)
@@ -89,13 +89,12 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
         if ckpt is None and error is None:
             _log_siblings(config)
     if env.is_distributed:
-        # The file names too: a checkpoint written on several ranks has one optimizer share per rank.
-        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None]
+        box = [ckpt.url if ckpt else None, str(error) if error else None]
         dist.broadcast_object_list(box, src=0)
         if box[1] and error is None:
             error = store.CheckpointError(box[1])
         if box[0]:
-            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in box[2]}
+            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in store.FILES}
             if not env.is_main:
                 ckpt = store.decode_checkpoint(box[0], files)
     if ckpt is not None:
@@ -249,7 +248,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
         restore_rng(ckpt.rng, env.device)
     model = compiled(raw, config, env.device)
     if env.is_distributed:
-        model = wrap_ddp(model, raw, env)
+        model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
 
     source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
     loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
