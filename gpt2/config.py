@@ -180,6 +180,17 @@ class RuntimeConfig(_Section):
     """host:port of the c10d rendezvous every node joins when nnodes > 1 (on
     Kubernetes the training flow sets it: pod 0 of its Job through the headless
     Service; see deployments/README.md)."""
+    rdzv_timeout_s: float = Field(1800.0, gt=0)
+    """How long each node waits for the others at the rendezvous (torchrun's
+    join_timeout, and read_timeout: how long a node waits for the node that serves
+    it). Nodes of a cold cluster (autoscaled Spot GPU nodes pulling a multi-GB
+    image) start minutes apart, so the default is 30 minutes."""
+    pool: Literal["auto", "process", "kubernetes", "gke-spot", "gke-autopilot-spot", "vertex"] = "auto"
+    """Where training runs, for the time a SIGTERM (preemption) leaves the trainer to
+    write its checkpoint (gpt2.train.preemption.kill_window): `kubernetes` min(30 s,
+    the pod's grace), `gke-spot` 15 s, `gke-autopilot-spot` 25 s, `vertex` 30 s,
+    `process` only our launchers' limits. `auto`: what the GPU pool's job template
+    sets ($GPT2_POOL), else `process`. `gpt2 plan` warns when a save will not fit."""
     shard_optimizer: bool | Literal["auto"] = "auto"
     """ZeRO-1: shard AdamW's state across ranks (torch's ZeroRedundancyOptimizer);
     same updates, 1/world of the optimizer memory. Checkpoints hold the full AdamW
@@ -205,6 +216,24 @@ class RuntimeConfig(_Section):
     pool, no GPU capacity) fails the pipeline with a message saying so."""
     lease_wait_s: float = Field(0.0, ge=0)
     """How long a trainer waits for a run held by another before refusing (0: refuse at once)."""
+    collective_timeout_s: float = Field(600.0, gt=0)
+    """How long a rank waits in a training collective (NCCL's timeout; 30 minutes by
+    torch's default) before its run fails. It bounds a hang when a peer dies without
+    closing its connections (a lost node); a failure a peer survives (an error, an
+    OOM) stops every rank at the next step instead. It must outlast the longest
+    wait of one rank for another in a step: compilation skew, a checkpoint save
+    waiting for the previous upload. The waits before training (rank 0 reading the
+    checkpoint, the lease) have their own hour (plus runtime.lease_wait_s)."""
+    price_per_hour: float | None = Field(None, ge=0)
+    """Price of one training device (GPU) for an hour, in your currency: the training
+    bill's `cost` is this × its device-hours (gpt2.bill). None: no cost is given."""
+    cpu_price_per_hour: float | None = Field(None, ge=0)
+    """Price of the CPU machine of the data and export stages for an hour: the
+    pipeline's bill counts those stages at this price. None: they are not priced."""
+    heartbeat_s: float = Field(30.0, ge=0)
+    """How often a training attempt's record in the run directory is brought up to date
+    (its steps and time; gpt2.train.attempts). An attempt killed without notice is billed
+    up to its last update, so this is what such a kill can leave out of the bill."""
     keep_intermediate: Literal["inputs", "all", "none"] = "inputs"
     """Local copies the data stage keeps once its output is safe: `inputs` keeps the
     downloaded source and the token parts (new limits or a new data.shard_size redo

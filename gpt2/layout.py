@@ -10,6 +10,7 @@ changes only when what it holds would:
       runs/<name>-<train fp>/           one training run
         checkpoints/step_000500/        a checkpoint (gpt2.checkpoint.store)
         lease/000001.json               who trains this run (gpt2.checkpoint.lease)
+        attempts/000001.json            one training attempt: when, where, steps, its end (gpt2.train.attempts)
         eval/step_000500/hellaswag.json
         export/step_000500/{hf,llmc}/
       pipeline/parents/<flow run>.json  the parent flow's MLflow run id
@@ -127,6 +128,15 @@ def checkpoint_dir(run_dir_url: str, step: int) -> str:
 def lease_dir(run_dir_url: str) -> str:
     """The run's lease generations (gpt2.checkpoint.lease)."""
     return storage.join(run_dir_url, "lease")
+
+
+def attempts_dir(run_dir_url: str) -> str:
+    """The run's training attempts, one record each (gpt2.train.attempts)."""
+    return storage.join(run_dir_url, "attempts")
+
+
+def attempt_record(run_dir_url: str, number: int) -> str:
+    return storage.join(attempts_dir(run_dir_url), f"{number:06d}.json")
 
 
 def fresh_marker(run_dir_url: str, flow_run_id: str | None) -> str:

@@ -87,6 +87,13 @@ class CheckpointWriter:
         if warning:
             log.warning("%s", warning)
 
+    def failed(self) -> bool:
+        """The write in flight has failed (never blocks; `wait` raises its error).
+        The training loop asks every step, so the failure stops every rank at the
+        next step's flag all-reduce rather than at this rank's next save."""
+        pending = self._pending
+        return pending is not None and pending[0].done() and pending[0].exception() is not None
+
     def wait(self) -> str | None:
         """Block until the write in flight is complete (re-raising its error);
         returns the URL of the newest checkpoint known to be complete."""

@@ -4,6 +4,14 @@ One process per device. Without torchrun (no WORLD_SIZE) this is a single
 process on `runtime.device`; under torchrun every rank joins a process group
 (NCCL on CUDA, gloo on CPU) that `distributed()` always tears down.
 
+Two timeouts: the process group's (`runtime.collective_timeout_s`, minutes)
+bounds how long a rank waits in a step's collective for a peer that will never
+come; the waits before training, where rank 0 alone takes the run's lease and
+reads the checkpoint while the others wait for it, go over a second, gloo
+group with a long timeout (`control_group`). A failure a rank survives is not
+left to either timeout: the training loop carries it on the step's flag
+all-reduce (gpt2.train.loop).
+
     torchrun --standalone --nproc_per_node=8 -m gpt2.train --config run.json
 """
 
@@ -20,6 +28,15 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT_S = 600.0
+"""Default runtime.collective_timeout_s (NCCL's own default is 30 minutes)."""
+
+STARTUP_TIMEOUT_S = 3600.0
+"""The control group's timeout: rank 0 alone reads and verifies the checkpoint
+(gigabytes from a bucket at 1558m) while the other ranks wait for it."""
+
+_control: dist.ProcessGroup | None = None
 
 
 @dataclass(frozen=True)
@@ -98,8 +115,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 @contextlib.contextmanager
-def distributed(requested_device: str = "auto") -> Iterator[DistEnv]:
-    """Join the torchrun process group (if any) for the duration of the block."""
+def distributed(requested_device: str = "auto", timeout_s: float = COLLECTIVE_TIMEOUT_S,
+                startup_timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[DistEnv]:
+    """Join the torchrun process group (if any) for the duration of the block:
+    its collectives time out after `timeout_s`; the control group's (gloo)
+    after `startup_timeout_s`."""
+    global _control
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     device = pick_device(requested_device, local_rank)
@@ -109,15 +130,23 @@ def distributed(requested_device: str = "auto") -> Iterator[DistEnv]:
     joined = False
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30),
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
         joined = True
+        _control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=startup_timeout_s))
         log.info("rank %d/%d joined the %s process group on %s", rank, world_size, backend, device)
     try:
         yield DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
     finally:
         if joined:
+            _control = None
             dist.destroy_process_group()
+
+
+def control_group() -> dist.ProcessGroup | None:
+    """The gloo group with the long timeout, for the waits before training and
+    for small messages (None: the default group, outside `distributed()`)."""
+    return _control
 
 
 def all_reduce(value: torch.Tensor, env: DistEnv, op: str = "avg") -> torch.Tensor:
@@ -153,7 +182,8 @@ def broadcast_bytes(data: bytes | None, env: DistEnv) -> bytes:
         assert data is not None
         return data
     size = [len(data) if env.is_main else 0]
-    dist.broadcast_object_list(size, src=0)
+    # Where the other ranks wait for rank 0 (reading the checkpoint): the long timeout.
+    dist.broadcast_object_list(size, src=0, group=control_group())
     if size[0] == 0:
         return b""
     device = env.device if dist.get_backend() == "nccl" else torch.device("cpu")

@@ -5,7 +5,15 @@ takes part in the steps and the validation passes, and all ranks agree on
 when to stop (SIGTERM on any rank stops all of them after the same step).
 With several ranks the stop and lease flags ride on each step's loss
 all-reduce rather than a collective of their own; a signal arriving after
-that point is acted on one step later, on every rank alike.
+that point is acted on one step later, on every rank alike. A stop agreed at
+a step skips that step's validation, HellaSwag and samples: the checkpoint
+comes first, inside the kill window.
+
+A failure one rank survives (its rank-0-only reporting, a checkpoint write, a
+shard fetch, an in-loop evaluation) does not end that rank at once, which
+would leave the others blocked in their next collective until its timeout: it
+rides on the next step's flag all-reduce as a third flag, every rank stops
+after that step, and each ends with the failing rank's message.
 
 Host-device syncs per step: the step's own one (its numbers, read after the
 optimizer step is queued); the `synchronize` calls timing it then find the
@@ -31,7 +39,7 @@ from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
-from gpt2.train.distributed import all_reduce, any_rank, autocast
+from gpt2.train.distributed import all_reduce, any_rank, autocast, control_group
 from gpt2.train.optim import gather_state, lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.report import loss_curve_png, text_samples
@@ -79,6 +87,7 @@ class Loop:
         self.log_every = max(1, self.cfg.train.max_steps // 100)
         self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
         self.hellaswag_items = None  # loaded on first use; [] once loading failed
+        self.failure: Exception | None = None  # this rank's, until the next flag all-reduce carries it
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
                                parent_run_id=parent_run_id, tags=all_tags,
@@ -94,7 +103,9 @@ class Loop:
             for step in range(self.s.start_step, self.cfg.train.max_steps):
                 done, agreed = self._step(step)
                 # One process reads its flags now; several act on what the step's all-reduce carried.
-                stop, lost = agreed if self.s.env.is_distributed else self._flags()
+                stop, lost, failed = agreed if self.s.env.is_distributed else self._flags()
+                if failed:
+                    self._raise_failure(done)
                 if lost:
                     raise LeaseLost(f"another trainer took over {self.run_dir} during step {done}: "
                                     "stopping without writing")
@@ -103,6 +114,8 @@ class Loop:
                         self._save(done)
                     preempted = True
                     break
+            if any_rank(self.failure is not None, self.s.env):  # after the last step's flags
+                self._raise_failure(self._steps_done())
             self._finish()
             status = "KILLED" if preempted else "FINISHED"
         except LeaseLost:
@@ -125,9 +138,47 @@ class Loop:
         return self.writer.wait()
 
     def _flags(self) -> list[bool]:
-        """This rank's [stop requested, lease lost]."""
+        """This rank's [stop requested, lease lost, failed]."""
         lease = self.s.lease
-        return [self.stop.requested, lease is not None and lease.lost]
+        failed = self.failure is not None or (self.writer is not None and self.writer.failed())
+        return [self.stop.requested, lease is not None and lease.lost, failed]
+
+    def _survive(self, err: Exception, what: str) -> None:
+        """A failure this rank lives through: alone it ends the run at once;
+        with peers it is kept for the next step's flag all-reduce (the first
+        one counts), so every rank stops together instead of waiting on this
+        one in a collective."""
+        if not self.s.env.is_distributed:
+            raise err
+        log.error("rank %d: %s failed (%s: %s); every rank stops after the next step", self.s.env.rank, what,
+                  type(err).__name__, err, exc_info=err)
+        self.failure = self.failure or err
+
+    def _raise_failure(self, done: int) -> None:
+        """Every rank: raise the failure some rank reported, with its message."""
+        env = self.s.env
+        if self.failure is None and self.writer is not None and self.writer.failed():
+            try:
+                self.writer.wait()
+            except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
+                self.failure = err
+        mine = f"{type(self.failure).__name__}: {self.failure}" if self.failure is not None else None
+        messages = [mine]
+        if env.is_distributed:
+            messages = [None] * env.world_size
+            torch.distributed.all_gather_object(messages, mine, group=control_group())
+        rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+        if rank == env.rank:
+            raise self.failure  # as it was raised: a LeaseLost stays one
+        raise TrainingError(f"rank {rank} failed: {message}; every rank stopped after step {done}")
+
+    def _stand_in_batches(self) -> list:
+        """Batches of the right shape for a step whose own could not be fetched:
+        this rank still takes part in the step's collectives, whose flags then
+        stop every rank before the step's weights are checkpointed."""
+        loader = self.s.loader
+        zeros = torch.zeros((loader.micro_batch, loader.T), dtype=torch.long)
+        return [(zeros, zeros)] * loader.accumulation_steps
 
     def _steps_done(self) -> int:
         return self.history["train"][-1][0] if self.history["train"] else self.s.start_step
@@ -138,7 +189,11 @@ class Loop:
         lr = lr_at(step, cfg)
         set_lr(s.optimizer, lr)
         waited = s.loader.source.wait_seconds
-        batches = s.loader.next_batches()
+        try:
+            batches = s.loader.next_batches()
+        except Exception as err:  # noqa: BLE001 - a shard this rank cannot fetch
+            self._survive(err, f"fetching the batches of step {step + 1}")
+            batches = self._stand_in_batches()
         data_wait = s.loader.source.wait_seconds - waited  # not in the step's time: reported beside it
         synchronize(s.env.device)
         t0 = now()
@@ -149,6 +204,9 @@ class Loop:
         synchronize(s.env.device)
         dt = now() - t0
         done = step + 1
+        stop, lost, failed = agreed  # one process: its own flags, read before the step
+        if failed:
+            self._raise_failure(done)
         if not math.isfinite(loss):
             raise TrainingError(
                 f"loss is {loss} at step {done} of {cfg.max_steps}: training diverged; the last good checkpoint "
@@ -157,12 +215,18 @@ class Loop:
         self.throughput.add(cfg.total_batch_tokens, dt)
         self.train_loss = loss
         self.history["train"].append([done, loss])
-        val = self._validate(done)
-        self._report(done, loss, lr, norm, cfg.total_batch_tokens / dt, val, data_wait)
-        self._hellaswag(done)
-        if _every(done, cfg.sample_every, cfg.max_steps):
+        # A stop agreed at this step goes straight to the checkpoint (in the kill window).
+        stopping = stop or lost
+        val = None if stopping else self._validate(done)
+        try:
+            self._report(done, loss, lr, norm, cfg.total_batch_tokens / dt, val, data_wait)
+        except Exception as err:  # noqa: BLE001 - rank 0's reporting (the progress hook, a status file)
+            self._survive(err, f"reporting step {done}")
+        if not stopping:
+            self._hellaswag(done)
+        if not stopping and _every(done, cfg.sample_every, cfg.max_steps):
             self._samples(done)
-        if _every(done, cfg.checkpoint_every, cfg.max_steps):
+        if not lost and _every(done, cfg.checkpoint_every, cfg.max_steps):
             self._save(done)
         return done, agreed
 
@@ -229,8 +293,12 @@ class Loop:
             # This rank's share, tokenized once for every evaluation of the run.
             self.hellaswag_items = prepare(items).subset(range(env.rank, len(items), env.world_size))
         mine = self.hellaswag_items
-        with autocast(env.device, self.s.ctx.amp):
-            m = evaluate_hellaswag(self.s.raw_model, mine, env.device, self._hellaswag_batch()) if len(mine) else {}
+        try:
+            with autocast(env.device, self.s.ctx.amp):
+                m = evaluate_hellaswag(self.s.raw_model, mine, env.device, self._hellaswag_batch()) if len(mine) else {}
+        except Exception as err:  # noqa: BLE001 - an OOM on this rank: it still joins the sum below
+            self._survive(err, f"scoring HellaSwag at step {done}")
+            m = {}
         n = m.get("n", 0)
         keys = ("acc", "acc_norm", "acc_norm_per_token")
         counts = all_reduce(torch.tensor([m.get(k, 0.0) * n for k in keys] + [n], dtype=torch.float64,
@@ -250,6 +318,12 @@ class Loop:
     def _samples(self, done: int) -> None:
         if not self.s.env.is_main:
             return
+        try:
+            self._write_samples(done)
+        except Exception as err:  # noqa: BLE001 - rank 0 alone: the others go on to the next collective
+            self._survive(err, f"writing the samples of step {done}")
+
+    def _write_samples(self, done: int) -> None:
         texts = text_samples(self.s.raw_model, self.s.env.device, seed=self.cfg.train.seed + done)
         body = "\n\n".join(f"--- sample {i} ---\n{t}" for i, t in enumerate(texts))
         log.info("samples at step %d:\n%s", done, body)
@@ -260,6 +334,15 @@ class Loop:
 
     def _save(self, done: int) -> None:
         self.saved_step = done
+        # The previous write's error, and any failure since the step's flags,
+        # stop every rank here: no checkpoint of a step some rank failed in.
+        if self.writer is not None:
+            try:
+                self.writer.wait()
+            except Exception as err:  # noqa: BLE001 - raised on every rank just below
+                self._survive(err, "writing the previous checkpoint")
+        if any_rank(self.failure is not None, self.s.env):
+            self._raise_failure(done)
         gather_state(self.s.optimizer)  # ZeRO-1: every rank sends its shard to rank 0, the writer
         if self.writer is not None:
             url = layout.checkpoint_dir(self.run_dir, done)

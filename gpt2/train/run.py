@@ -7,11 +7,13 @@ checkpoint and `Preempted`. The command line is `python -m gpt2.train`
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 from gpt2.config import Config
 from gpt2.steps import with_resolved_steps
-from gpt2.train.distributed import distributed
+from gpt2.train.attempts import Attempt, settle
+from gpt2.train.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
@@ -45,6 +47,8 @@ class TrainResult:
     """ZeRO-1 was on (runtime.shard_optimizer as resolved)."""
     recompute: bool = False
     """Activation recomputation was on (runtime.recompute as resolved)."""
+    bill: dict | None = None
+    """What the run cost so far, every attempt included (gpt2.bill.training_bill)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,17 +82,26 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     after SIGTERM, whatever the replaced SIGTERM handler raises, else
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
     config = with_resolved_steps(config)  # `epoch` as a number: the run's name and the loop need one
-    guard = SigtermGuard()
-    with distributed(config.runtime.device) as env, guard.installed():
+    guard, started = SigtermGuard(), time.time()
+    rt = config.runtime
+    with distributed(rt.device, rt.collective_timeout_s, STARTUP_TIMEOUT_S + rt.lease_wait_s) as env, \
+            guard.installed():
         lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
+        attempt = Attempt.begin(config, env, lease, started)  # gpt2.train.attempts: what this attempt cost
         try:
             session = open_session(config, env, fresh, lease)
-            warmup = _Warmup(progress, resolve_compile(config.runtime.compile, env.device))
+            attempt.resumed(session.start_step, config.train.max_steps)
+            warmup = _Warmup(attempt.progress(progress), resolve_compile(config.runtime.compile, env.device))
             loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard)
             outcome = loop.run()
+        except BaseException as err:
+            attempt.end("error", f"{type(err).__name__}: {err}")
+            raise
         finally:
             if lease is not None:
                 lease.release()
+        attempt.end("preempted" if outcome.preempted else "done")
+        bill = settle(config, env, outcome.mlflow_run_id, outcome.steps, "KILLED" if outcome.preempted else "FINISHED")
         if outcome.preempted:
             guard.hand_on()  # the checkpoint is written: an orchestrator's own handling may run now
             raise Preempted(f"stopped by SIGTERM after step {outcome.steps}; checkpoint {outcome.checkpoint}; "
@@ -99,5 +112,5 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             final_val_loss=outcome.val_loss, tokens_per_second=outcome.tokens_per_second,
             mlflow_run_id=outcome.mlflow_run_id, micro_batch_size=session.micro_batch,
             world_size=env.world_size, warmup_s=_warmup_s(loop),
-            shard_optimizer=session.memory.shard_optimizer, recompute=session.memory.recompute,
+            shard_optimizer=session.memory.shard_optimizer, recompute=session.memory.recompute, bill=bill,
         )

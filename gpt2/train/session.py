@@ -26,7 +26,7 @@ from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
 from gpt2.train import memory
-from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes
+from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch
 
@@ -90,7 +90,7 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
             _log_siblings(config)
     if env.is_distributed:
         box = [ckpt.url if ckpt else None, str(error) if error else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's read: long timeout
         if box[1] and error is None:
             error = store.CheckpointError(box[1])
         if box[0]:
@@ -211,7 +211,7 @@ def take_lease(config: Config, env: DistEnv, flow_run_id: str | None) -> Lease |
             error = err
     if env.is_distributed:
         box = [str(error) if error else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=control_group())  # waits up to runtime.lease_wait_s
         error = error or (LeaseHeld(box[0]) if box[0] else None)
     if error is not None:
         raise error

@@ -1,0 +1,119 @@
+"""What a run cost, from its attempt records (gpt2.train.attempts), and the
+pipeline's sum over its stages. Logged to MLflow under one prefix, `bill/`:
+
+    attempts              training attempts (one per start that trained; a rerun of a finished run adds none)
+    device_hours          each attempt's wall time (start to end, or to its last sign of life) x its devices
+    steps_redone          steps trained after the checkpoint the next attempt resumed from (trained twice)
+    device_hours_redone   those steps at their attempt's device time per step (wall time after start-up / steps)
+    startup_s             seconds before each attempt's first step, summed (a whole attempt that never stepped)
+    cost                  runtime.price_per_hour x device_hours; absent without a price
+
+Only the time an attempt ran is billed: the hours or days between a kill and
+the next attempt are nobody's device time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PREFIX = "bill/"
+METRICS = ("attempts", "device_hours", "steps_redone", "device_hours_redone", "startup_s", "cost")
+PIPELINE_METRICS = METRICS + ("cpu_hours", "gpu_cost", "cpu_cost")
+"""The parent run's: also the CPU stages' machine-hours and each part's cost."""
+
+
+def _wall_s(record: dict) -> float:
+    end = record.get("ended_at") or record.get("heartbeat_at") or record["started_at"]
+    return max(0.0, float(end) - float(record["started_at"]))
+
+
+def _redone(record: dict, following: dict | None) -> int:
+    """Steps of `record` that were trained again: past the step the next attempt
+    resumed from; for the last attempt, past its own last checkpoint (an error
+    or a kill: the next attempt will start there)."""
+    step = record.get("step")
+    if step is None:
+        return 0
+    if following is not None and following.get("resumed_from") is not None:
+        return max(0, int(step) - int(following["resumed_from"]))
+    if record.get("end") in ("error", "killed") and record.get("last_checkpoint") is not None:
+        return max(0, int(step) - int(record["last_checkpoint"]))
+    return 0
+
+
+def _startup_s(record: dict) -> float:
+    known = record.get("startup_s")
+    return float(known) if known is not None else _wall_s(record)
+
+
+def training_bill(records: list[dict], price_per_hour: float | None) -> dict[str, Any]:
+    """The bill of one training run from its attempt records, oldest first."""
+    device_hours = redone_hours = startup = step_s = 0.0
+    redone = timed = 0
+    mfus: list[tuple[float, int]] = []
+    ends: dict[str, int] = {}
+    for i, r in enumerate(records):
+        wall, devices = _wall_s(r), int(r.get("devices") or 1)
+        device_hours += wall * devices / 3600
+        steps = int(r.get("step") or 0) - int(r.get("resumed_from") or 0)
+        n = _redone(r, records[i + 1] if i + 1 < len(records) else None)
+        busy = max(0.0, wall - _startup_s(r))
+        redone += n
+        redone_hours += (busy / steps * n * devices / 3600) if steps > 0 else 0.0
+        startup += _startup_s(r)
+        step_s += float(r.get("step_s") or 0.0)
+        timed += int(r.get("steps_timed") or 0)
+        if r.get("mfu") is not None:
+            mfus.append((float(r["mfu"]), int(r.get("steps_timed") or 0)))
+        end = r.get("end") or "running"
+        ends[end] = ends.get(end, 0) + 1
+    weight = sum(w for _, w in mfus)
+    return {
+        "attempts": len(records),
+        "device_hours": device_hours,
+        "steps_redone": redone,
+        "device_hours_redone": redone_hours,
+        "startup_s": startup,
+        "cost": price_per_hour * device_hours if price_per_hour is not None else None,
+        "price_per_hour": price_per_hour,
+        "ends": ends,
+        "devices": [int(r.get("devices") or 1) for r in records],
+        "device_types": sorted({str(r.get("device_name") or r.get("device_type")) for r in records}),
+        "steps_per_second": timed / step_s if step_s > 0 else None,
+        "mfu": sum(m * w for m, w in mfus) / weight if weight else None,
+    }
+
+
+def metrics(bill: dict[str, Any], keys: tuple[str, ...] = METRICS) -> dict[str, float]:
+    """The bill as MLflow metrics under PREFIX (what is unknown, e.g. a cost
+    without a price, is left out rather than logged as 0)."""
+    return {PREFIX + k: float(bill[k]) for k in keys if bill.get(k) is not None}
+
+
+def stage_hours(seconds: float, cached: bool) -> float:
+    """A stage's machine-hours as its parent measured them (a cache hit ran nothing)."""
+    return 0.0 if cached else seconds / 3600
+
+
+def pipeline_bill(train: dict[str, Any] | None, cpu_hours: float, gpu_stage_hours: float,
+                  price_per_hour: float | None, cpu_price_per_hour: float | None) -> dict[str, Any]:
+    """The pipeline's bill: the training run's, plus the other GPU stages (evaluate)
+    at runtime.price_per_hour per device-hour, plus the CPU stages (data, export)
+    at runtime.cpu_price_per_hour. `cost` sums the parts that have a price; null
+    when none has one."""
+    train = train or {}
+    device_hours = float(train.get("device_hours") or 0.0) + gpu_stage_hours
+    gpu_cost = price_per_hour * device_hours if price_per_hour is not None else None
+    cpu_cost = cpu_price_per_hour * cpu_hours if cpu_price_per_hour is not None else None
+    priced = [c for c in (gpu_cost, cpu_cost) if c is not None]
+    return {
+        "attempts": int(train.get("attempts") or 0),
+        "device_hours": device_hours,
+        "steps_redone": int(train.get("steps_redone") or 0),
+        "device_hours_redone": float(train.get("device_hours_redone") or 0.0),
+        "startup_s": float(train.get("startup_s") or 0.0),
+        "cpu_hours": cpu_hours,
+        "gpu_cost": gpu_cost,
+        "cpu_cost": cpu_cost,
+        "cost": sum(priced) if priced else None,
+    }
