@@ -4,13 +4,16 @@ Layout (the evaluate and export stages read it):
 
     {root}/runs/{run_name}/checkpoints/step_000500/
         model.safetensors   GPT state_dict without the tied lm_head.weight
-        optimizer.pt        AdamW state_dict (torch.load(weights_only=True))
+        optimizer.pt        AdamW state_dict (torch.load(weights_only=True)); on
+                            several ranks one share per rank instead,
+                            optimizer-00000-of-00008.pt ... (gpt2.checkpoint.shares)
         rng.pt              RNG states (torch.load(weights_only=True))
         state.json          step, full config, train_fingerprint, loader position,
                             mlflow_run_id, val_loss, ...
         COMPLETE            written last: sizes and sha256 of the files above
 
-Each file is written atomically, and the marker last: object stores (GCS)
+Each file is written atomically, and the marker last (on several ranks,
+by rank 0 once every rank's files are written): object stores (GCS)
 have no atomic directory rename, so a directory without a valid marker never
 counts. `run_name` depends on the training identity only, so changing the
 device, the GPU count or the root's location never orphans a run.
@@ -31,6 +34,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from gpt2 import layout, storage
+from gpt2.checkpoint import shares
 from gpt2.config import Config
 from gpt2.errors import UserError
 from gpt2.model import GPT
@@ -39,6 +43,9 @@ log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
+"""The files of a checkpoint written by one process."""
+REQUIRED = ("model.safetensors", "rng.pt", "state.json")
+"""The files every checkpoint has, beside its optimizer file(s)."""
 TIED = "lm_head.weight"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
@@ -76,9 +83,15 @@ def _well_formed(marker: object) -> bool:
     if not isinstance(marker, dict) or not isinstance(marker.get("step"), int):
         return False
     files = marker.get("files")
-    return isinstance(files, dict) and set(files) == set(FILES) and all(
+    return isinstance(files, dict) and _complete_set(files) and all(
         isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
         for f in files.values())
+
+
+def _complete_set(names) -> bool:
+    """The required files and a whole set of optimizer files, nothing else."""
+    optimizer = shares.optimizer_files(names)
+    return optimizer is not None and set(names) == set(REQUIRED) | set(optimizer)
 
 
 def read_marker(url: str) -> dict | None:
@@ -141,13 +154,34 @@ def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[
 
 def encode_checkpoint(tensors: dict[str, torch.Tensor], optimizer_state: dict, state: dict,
                       rng: dict) -> dict[str, bytes]:
-    """The bytes of each checkpoint file (what write_files stores)."""
+    """The bytes of each file of a one-process checkpoint (what write_files stores)."""
+    return {**encode_required(tensors, state, rng), shares.WHOLE: encode_optimizer(optimizer_state)}
+
+
+def encode_required(tensors: dict[str, torch.Tensor], state: dict, rng: dict) -> dict[str, bytes]:
+    """The bytes of the files rank 0 writes beside its optimizer share."""
     return {
         "model.safetensors": save_safetensors(tensors, metadata={"format": "pt"}),
-        "optimizer.pt": _to_bytes(optimizer_state),
         "rng.pt": _to_bytes(rng),
         "state.json": (json.dumps(state, indent=2, sort_keys=True) + "\n").encode(),
     }
+
+
+def encode_optimizer(optimizer_state: dict) -> bytes:
+    """An optimizer state_dict or one rank's share of it."""
+    return _to_bytes(optimizer_state)
+
+
+def file_entry(data: bytes) -> dict:
+    """What the marker records of a file."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_marker(url: str, step: int, files: dict[str, dict]) -> None:
+    """Commit a checkpoint whose files (name -> file_entry) are all written."""
+    if not _complete_set(files):
+        raise CheckpointError(f"refusing to mark {url} complete: its files {sorted(files)} are not a whole checkpoint")
+    storage.write_record(storage.join(url, MARKER), {"step": step, "files": files})
 
 
 def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state: dict,
@@ -163,13 +197,18 @@ def write_files(url: str, blobs: dict[str, bytes], step: int, fence: Callable[[]
     if fence is not None:
         fence()
     storage.remove(url, recursive=True)  # leftovers of a killed write at this step
-    files = {}
-    for name, data in blobs.items():
-        storage.write_bytes_atomic(storage.join(url, name), data)
-        files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    files = write_blobs(url, blobs)
     if fence is not None:
         fence()
-    storage.write_record(storage.join(url, MARKER), {"step": step, "files": files})
+    write_marker(url, step, files)
+
+
+def write_blobs(url: str, blobs: dict[str, bytes]) -> dict[str, dict]:
+    """Write files into a checkpoint directory (each atomically, no marker);
+    returns their marker entries."""
+    for name, data in blobs.items():
+        storage.write_bytes_atomic(storage.join(url, name), data)
+    return {name: file_entry(data) for name, data in blobs.items()}
 
 
 def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -193,7 +232,17 @@ def load_checkpoint(url: str) -> Checkpoint:
     marker = read_marker(url)
     if marker is None:
         raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
-    return decode_checkpoint(url, {name: _read_verified(url, name, marker["files"][name]) for name in FILES})
+    return decode_checkpoint(url, {name: _read_verified(url, name, entry) for name, entry in marker["files"].items()})
+
+
+def verify_checkpoint(url: str) -> None:
+    """Raise CheckpointError naming the first file of `url` that is missing or
+    does not match its marker's sha256 (reads every byte, decodes nothing)."""
+    marker = read_marker(url)
+    if marker is None:
+        raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
+    for name, entry in marker["files"].items():
+        _read_verified(url, name, entry)
 
 
 def decode_checkpoint(url: str, blobs: dict[str, bytes]) -> Checkpoint:
@@ -203,12 +252,21 @@ def decode_checkpoint(url: str, blobs: dict[str, bytes]) -> Checkpoint:
             url=url,
             state=json.loads(blobs["state.json"]),
             model=load_safetensors(blobs["model.safetensors"]),
-            optimizer=torch.load(io.BytesIO(blobs["optimizer.pt"]), weights_only=True, map_location="cpu"),
+            optimizer=_decode_optimizer(blobs),
             rng=torch.load(io.BytesIO(blobs["rng.pt"]), weights_only=True, map_location="cpu"),
             files=blobs,
         )
     except Exception as err:  # noqa: BLE001 - any decoding failure means a bad checkpoint
         raise CheckpointError(f"checkpoint {url} cannot be decoded: {type(err).__name__}: {err}") from err
+
+
+def _decode_optimizer(blobs: dict[str, bytes]) -> dict:
+    """The whole optimizer state_dict: optimizer.pt, or every rank's share merged."""
+    names = shares.optimizer_files(blobs)
+    if names is None:
+        raise ValueError(f"no whole set of optimizer files among {sorted(blobs)}")
+    parts = [torch.load(io.BytesIO(blobs[n]), weights_only=True, map_location="cpu") for n in names]
+    return parts[0] if len(parts) == 1 else shares.merge(parts, names)
 
 
 def resume_checkpoint(run_dir: str) -> Checkpoint | None:

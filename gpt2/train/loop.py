@@ -1,7 +1,8 @@
 """The training loop: steps, validation, samples, checkpoints, metrics.
 
-Only rank 0 writes checkpoints, logs metrics and reports progress; every rank
-takes part in the steps and the validation passes, and all ranks agree on
+Only rank 0 logs metrics and reports progress; every rank takes part in the
+steps, the validation passes and the checkpoints (each writes its own share
+of the optimizer state, gpt2.checkpoint.writer), and all ranks agree on
 when to stop (SIGTERM on any rank stops all of them after the same step).
 With several ranks the stop and lease flags ride on each step's loss
 all-reduce rather than a collective of their own; a signal arriving after
@@ -40,7 +41,7 @@ from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
 from gpt2.train.distributed import all_reduce, any_rank, autocast, control_group
-from gpt2.train.optim import gather_state, lr_at, set_lr
+from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.report import loss_curve_png, text_samples
 from gpt2.train.session import Session, TrainingError, rng_state
@@ -74,12 +75,12 @@ class Loop:
         state = session.resumed_state
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
-        # Only rank 0 writes; the others keep no writer.
+        # Every rank writes its share of each checkpoint; rank 0 commits it and reports its timings.
         self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url,
                                        fence=session.lease.check if session.lease else None,
                                        staging=staging_dir(self.cfg),
-                                       metrics=lambda values, step: self.tracker.log_metrics(values, step)) \
-            if session.env.is_main else None
+                                       metrics=(lambda values, step: self.tracker.log_metrics(values, step))
+                                       if session.env.is_main else None)
         self.saved_step = session.start_step
         self.throughput = Throughput()
         self.saved_tps = state.get("tokens_per_second", 0.0)
@@ -343,12 +344,11 @@ class Loop:
                 self._survive(err, "writing the previous checkpoint")
         if any_rank(self.failure is not None, self.s.env):
             self._raise_failure(done)
-        gather_state(self.s.optimizer)  # ZeRO-1: every rank sends its shard to rank 0, the writer
-        if self.writer is not None:
-            url = layout.checkpoint_dir(self.run_dir, done)
-            held = self.writer.submit(url, self.s.raw_model, self.s.optimizer, self._state(done),
-                                      rng_state(self.s.env.device))
-            log.debug("checkpoint %s snapshot took %.3fs; writing in the background", url, held)
+        url = layout.checkpoint_dir(self.run_dir, done)
+        held = self.writer.submit(url, self.s.raw_model, self.s.optimizer,
+                                  self._state(done) if self.s.env.is_main else {"step": done},
+                                  rng_state(self.s.env.device))
+        log.debug("checkpoint %s snapshot took %.3fs; writing in the background", url, held)
         # Send the metrics up to this step now: a run killed later resumes from
         # here, and its MLflow curve then has no hole before the checkpoint.
         # Bounded, and skipped while MLflow is down (the outbox keeps them).

@@ -7,9 +7,9 @@ at `max_steps`.
 
 With `runtime.shard_optimizer` on several ranks the same AdamW runs as ZeRO-1
 (torch's ZeroRedundancyOptimizer): each rank keeps the moments of its share of
-the parameters, steps that share and broadcasts it. Checkpoints still hold the
-full AdamW state (gathered on rank 0), so any run resumes under any setting and
-any number of ranks.
+the parameters, steps that share and broadcasts it. Each rank checkpoints the
+state it keeps (gpt2.train.optim_share), and the shares merged are a plain
+AdamW's state, so any run resumes under any setting and any number of ranks.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def _sharded_adamw() -> type:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     class ShardedAdamW(ZeroRedundancyOptimizer):
-        """AdamW as ZeRO-1 whose `state_dict` (after `gather_state` on every rank)
-        is exactly a plain AdamW's: the same parameter indices and group keys."""
+        """AdamW as ZeRO-1 whose `state_dict` (after `consolidate_state_dict` on
+        every rank) is exactly a plain AdamW's: the same parameter indices and group keys."""
 
         def state_dict(self) -> dict:
             full = super().state_dict()
@@ -141,14 +141,6 @@ def place_state(optimizer: torch.optim.Optimizer) -> None:
                                                  device=p.device if on_device else "cpu")
                 elif torch.is_tensor(value):
                     state[key] = value.to(device=p.device, dtype=p.dtype if value.is_floating_point() else None)
-
-
-def gather_state(optimizer: torch.optim.Optimizer) -> None:
-    """Before rank 0 reads `optimizer.state_dict()` for a checkpoint: ZeRO's
-    shards are sent to rank 0 (a collective: every rank calls it); a plain
-    optimizer already holds its full state."""
-    if is_sharded(optimizer):
-        optimizer.consolidate_state_dict(to=0)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -89,12 +89,13 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
         if ckpt is None and error is None:
             _log_siblings(config)
     if env.is_distributed:
-        box = [ckpt.url if ckpt else None, str(error) if error else None]
+        # The file names too: a checkpoint written on several ranks has one optimizer share per rank.
+        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None]
         dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's read: long timeout
         if box[1] and error is None:
             error = store.CheckpointError(box[1])
         if box[0]:
-            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in store.FILES}
+            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in box[2]}
             if not env.is_main:
                 ckpt = store.decode_checkpoint(box[0], files)
     if ckpt is not None:

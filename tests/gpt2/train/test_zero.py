@@ -19,7 +19,16 @@ from tests.gpt2.train.test_train_process import run_to_end
 
 
 def _optimizer_state(checkpoint: str) -> dict:
-    return torch.load(storage.local_path(storage.join(checkpoint, "optimizer.pt")), weights_only=True)
+    """The whole AdamW state: each rank stored its own share, in its own file."""
+    names = sorted(store.read_marker(checkpoint)["files"])
+    assert [n for n in names if n.startswith("optimizer")] == ["optimizer-00000-of-00002.pt",
+                                                                 "optimizer-00001-of-00002.pt"]
+    parts = [torch.load(storage.local_path(storage.join(checkpoint, f"optimizer-0000{r}-of-00002.pt")),
+                        weights_only=True) for r in range(2)]
+    assert parts[0]["state"] and parts[1]["state"] and not parts[0]["state"].keys() & parts[1]["state"].keys()
+    whole = store.load_checkpoint(checkpoint).optimizer
+    assert whole["state"].keys() == parts[0]["state"].keys() | parts[1]["state"].keys()
+    return whole
 
 
 def _assert_same_run(a: dict, b: dict) -> None:
@@ -55,7 +64,7 @@ def test_zero1_on_two_processes_equals_plain_adamw_and_checkpoints_resume_across
     sharded = run_to_end(config, tmp_path, torchrun=2)
     assert sharded["shard_optimizer"] is True and plain["shard_optimizer"] is False
     assert sharded["world_size"] == 2 and sharded["steps"] == 8
-    # The checkpoint holds the full AdamW state either way (gathered on rank 0).
+    # The checkpoint holds the full AdamW state either way (one share per rank).
     _assert_same_run(sharded, plain)
 
     # Written with ZeRO-1, resumed without it (same identity: runtime only).
