@@ -76,6 +76,8 @@ def describe(p: dict[str, Any]) -> str:
         ("memory savers", " + ".join(savers) if savers else "none needed"),
         ("checkpoints", f"{p['checkpoints']} written, {kept} kept, {_gb(p['checkpoint_bytes'])} each "
                         "(weights + AdamW state)"),
+        ("SIGTERM save", f"~{p['checkpoint_save_s_expected']:.0f} s expected, {p['kill_window_s']:.0f} s allowed on "
+                         f"runtime.pool={p['pool']} ({p['kill_window_from']})"),
         ("data", f"{data_tokens} tokens prepared (source size {p['source_size']})"),
         ("disk, data VM", f"{_gb(p['disk_data_vm_bytes'])} at the data stage's peak "
                           f"(runtime.keep_intermediate={p['keep_intermediate']})"),
@@ -88,6 +90,8 @@ def describe(p: dict[str, Any]) -> str:
     width = max(len(name) for name, _ in rows) + 2
     lines = [f"plan for preset {p['preset']} (estimates, nothing was run)"]
     lines += [f"  {name + ':':<{width}}{value}" for name, value in rows]
+    if p.get("checkpoint_window_warning"):
+        lines.append(f"  WARNING: {p['checkpoint_window_warning']}")
     if p.get("steps_note"):
         lines.append(f"  steps: {p['steps_note']}")
     lines.append(f"  counted: {p['counted']}; not counted: {p['not_counted']}")

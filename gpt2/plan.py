@@ -29,6 +29,7 @@ from gpt2.errors import UserError
 from gpt2.model import GPT
 from gpt2.steps import planned_steps
 from gpt2.train.memory import estimate_step_bytes
+from gpt2.train.preemption import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.train.session import check_batch_shape
 from gpt2.train.step import MemorySettings, configured, memory_candidates, micro_batch_candidates
 from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of
@@ -165,6 +166,10 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     shard_bytes = int(data.tokens * disk.TOKEN_BYTES)
     node_checkpoint_bytes = (min(kept + 1, checkpoints) * checkpoint_bytes if local_root else 0) + checkpoint_bytes
 
+    # The SIGTERM checkpoint against the kill window of where it trains (runtime.pool).
+    window = kill_window(gpus > 1 or rt.nnodes > 1, rt.pool)
+    window_warning = expected_window_warning(checkpoint_bytes, not local_root, window, t.checkpoint_every)
+
     # Time: training steps plus the validation passes, at the assumed MFU.
     tokens = t.max_steps * t.total_batch_tokens
     validations = count_every(t.max_steps, t.eval_every)
@@ -195,6 +200,11 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "checkpoints_kept": kept,
         "checkpoint_bytes": checkpoint_bytes,
         "checkpoints_on_gpu_node": local_root,
+        "pool": resolve_pool(rt.pool),
+        "kill_window_s": window[0],
+        "kill_window_from": window[1],
+        "checkpoint_save_s_expected": expected_save_s(checkpoint_bytes, not local_root),
+        "checkpoint_window_warning": window_warning,
         "data_tokens": data.tokens,
         "data_tokens_estimated": data.estimated,
         "source_size": size_from,

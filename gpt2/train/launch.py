@@ -29,9 +29,11 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
+from gpt2 import layout
 from gpt2.config import Config
 from gpt2.train import multinode
 from gpt2.train.distributed import resolve_nproc, visible_gpus
+from gpt2.train import preemption
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.run import Preempted, TrainResult, train
@@ -145,7 +147,9 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
         cmd = torchrun_command(config_path, status.path, nproc or nproc_per_node(config), parent_run_id, tags,
                                rendezvous)
         emit("starting: " + " ".join(cmd))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # runtime.pool reaches the trainer's checkpoint writer (its kill window) through the environment.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               preemption.POOL_ENV: preemption.resolve_pool(config.runtime.pool)}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 preexec_fn=_terminate_with_parent)
         tail: deque[str] = deque(maxlen=40)
@@ -187,6 +191,18 @@ def _outcome(last: dict, code: int, tail: deque[str]) -> TrainResult:
     raise TrainingError(f"the trainer exited with code {code}:\n" + "\n".join(errors[-10:]))
 
 
+def expected_save_warning(config: Config, nproc: int) -> str | None:
+    """Before the run: whether the checkpoint a SIGTERM asks for is expected
+    to fit the kill window of where it trains (runtime.pool), as `gpt2 plan` says."""
+    from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, model_size  # plan imports the trainer's modules
+
+    distributed = nproc > 1 or config.runtime.nnodes > 1
+    window = preemption.kill_window(distributed, config.runtime.pool)
+    return preemption.expected_window_warning(model_size(config)[0] * CHECKPOINT_BYTES_PER_PARAM,
+                                              layout.local_root(config) is None, window,
+                                              config.train.checkpoint_every)
+
+
 def train_stage(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
                 parent_run_id: str | None = None, tags: dict | None = None, isolate: bool = False) -> TrainResult:
     """Train on one device in this process, or in a child process: always for
@@ -197,6 +213,11 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     nproc = nproc_per_node(config)
     # Fail here, before any process starts, when the global batch cannot split over every node's processes.
     check_batch_shape(config, multinode.world_size(config, nproc))
+    warning = expected_save_warning(config, nproc)
+    if warning:
+        log.warning(warning)
+        if log_line:
+            log_line("WARNING: " + warning)
     if config.runtime.nnodes > 1 and isolate:
         from gpt2.train import k8s_run  # imports the launcher itself (a node pod runs torchrun_train)
 
