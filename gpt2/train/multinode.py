@@ -83,7 +83,21 @@ def rendezvous_args(config: Config, is_host: bool | None = None) -> list[str]:
         return ["--standalone"]
     args = [f"--nnodes={rt.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rt.rdzv_endpoint.strip()}",
             f"--rdzv-id={rdzv_id(config)}"]
-    return args + ([f"--rdzv-conf=is_host={str(is_host).lower()}"] if is_host is not None else [])
+    return args + [f"--rdzv-conf={','.join(f'{k}={v}' for k, v in rdzv_conf(config, is_host).items())}"]
+
+
+def rdzv_conf(config: Config, is_host: bool | None = None) -> dict[str, str]:
+    """torchrun's --rdzv-conf: both of c10d's waits from runtime.rdzv_timeout_s.
+    `read_timeout` (torch's default 60 s) is how long a node's connection to
+    the store on the serving node waits, per try: a node that starts minutes
+    before the one serving the rendezvous (a cold cluster: nodes autoscaled,
+    images pulled) fails with RendezvousConnectionError without it.
+    `join_timeout` (600 s) is how long the server waits for all nodes."""
+    seconds = str(max(1, int(config.runtime.rdzv_timeout_s)))
+    conf = {"read_timeout": seconds, "join_timeout": seconds}
+    if is_host is not None:
+        conf["is_host"] = str(is_host).lower()
+    return conf
 
 
 def world_size(config: Config, nproc: int) -> int:

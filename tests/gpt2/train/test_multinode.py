@@ -167,9 +167,16 @@ def test_the_launcher_refuses_a_config_that_cannot_rendezvous(tmp_path):
 def test_rendezvous_flags_and_the_local_root_warning(tmp_path, caplog):
     config = tiny_config(tmp_path, **{"runtime.nnodes": 2, "runtime.rdzv_endpoint": "[fd00::1]:29500"})
     assert multinode.parse_endpoint("[fd00::1]:29500") == ("[fd00::1]", 29500)
+    wait = int(config.runtime.rdzv_timeout_s)
+    assert wait >= 15 * 60  # nodes of a cold cluster start minutes apart
     assert multinode.rendezvous_args(config) == [
         "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=[fd00::1]:29500",
-        f"--rdzv-id={multinode.rdzv_id(config)}"]
+        f"--rdzv-id={multinode.rdzv_id(config)}", f"--rdzv-conf=read_timeout={wait},join_timeout={wait}"]
+    # Both waits come from the one setting.
+    slow = tiny_config(tmp_path, **{"runtime.nnodes": 2, "runtime.rdzv_endpoint": "n0:29500",
+                                    "runtime.rdzv_timeout_s": wait + 1})
+    assert multinode.rendezvous_args(slow, is_host=False)[-1] == \
+        f"--rdzv-conf=read_timeout={wait + 1},join_timeout={wait + 1},is_host=false"
     # The id is the run's: the same on every node, and unchanged by where the nodes meet.
     other = tiny_config(tmp_path, **{"runtime.nnodes": 4, "runtime.rdzv_endpoint": "node0:1234"})
     assert multinode.rdzv_id(other) == multinode.rdzv_id(config)
