@@ -127,3 +127,85 @@ def test_vertex_job_is_a_spot_accelerator_job_never_retried_by_vertex(prefect_se
     # Vertex's command replaces the ENTRYPOINT, so tini (SIGTERM to Python) is named in it.
     assert pool_spec["container_spec"]["command"] == ["/usr/bin/tini", "--", "prefect", "flow-run", "execute"]
     assert config.env.items() >= HEARTBEAT.items()
+
+
+# What a user gives a GPU pool when they keep every default: only the required variables.
+K8S_REQUIRED = {"image": "registry.example/gpt2:1"}
+VERTEX_REQUIRED = {"image": "registry.example/gpt2:1", "region": "us-central1",
+                   "service_account_name": "gpt2-train@demo-project.iam.gserviceaccount.com"}
+
+
+def _defaults(name: str) -> dict:
+    return {k: v.get("default") for k, v in deployment_file.pool_template(name)["variables"]["properties"].items()}
+
+
+def test_kubernetes_job_with_the_defaults_is_what_the_api_takes(prefect_server):
+    """The manifest prefect-kubernetes hands to create_namespaced_job, read back
+    through the Kubernetes client's own V1Job: nothing trimmed, every env value
+    a string, requests set (never a BestEffort pod), a bounded attempt, and a
+    size-limited work dir that the scheduler reserves disk for."""
+    worker = pytest.importorskip("prefect_kubernetes.worker")
+    from gpt2.train import k8s_template, preemption
+
+    config = _render(worker.KubernetesWorkerJobConfiguration, deployment_file.pool_template("kubernetes-gpu"),
+                     K8S_REQUIRED)
+    k8s_template.validate([config.job_manifest])
+    defaults, spec = _defaults("kubernetes-gpu"), config.job_manifest["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert all(isinstance(e["value"], str) for e in container["env"])
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env[preemption.POOL_ENV] == defaults["pool_kind"] and env.items() >= HEARTBEAT.items()
+    assert spec["activeDeadlineSeconds"] == defaults["active_deadline_seconds"]
+    requests = container["resources"]["requests"]
+    assert requests == {"cpu": defaults["cpu_request"], "memory": defaults["memory_request"],
+                        "ephemeral-storage": defaults["work_dir_size"]}
+    (work,) = [v for v in pod["volumes"] if v["name"] == "work"]
+    assert work["emptyDir"]["sizeLimit"] == defaults["work_dir_size"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "work"]
+    assert mount["mountPath"].endswith("/.cache")  # runtime.work_dir's default (~/.cache/gpt2-pipeline) is in it
+
+
+def test_vertex_job_with_the_defaults_builds_through_the_workers_own_code(prefect_server, tmp_path, monkeypatch):
+    """The CustomJobSpec the Vertex worker would submit (its own _build_job_spec,
+    google-cloud-aiplatform's types): the run-as service account, SPOT without
+    Vertex's retries, a timeout above a one-L4 gpt2-124m run, and the SIGTERM
+    behaviour that lets the trainer checkpoint."""
+    vertex = pytest.importorskip("prefect_gcp.workers.vertex")
+    pytest.importorskip("google.cloud.aiplatform", reason="the vertex extra brings it")
+    from gpt2.train import preemption
+
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", _service_account(tmp_path))
+    config = _render(vertex.VertexAIWorkerJobConfiguration, deployment_file.pool_template("vertex-gpu"),
+                     VERTEX_REQUIRED)
+    job = vertex.VertexAIWorker(work_pool_name="gpu")._build_job_spec(config)
+    defaults = _defaults("vertex-gpu")
+    assert job.service_account == VERTEX_REQUIRED["service_account_name"]
+    assert job.scheduling.strategy == vertex.Scheduling.Strategy.SPOT and job.scheduling.disable_retries
+    assert job.scheduling.timeout.total_seconds() == defaults["maximum_run_time_hours"] * 3600
+    (pool,) = job.worker_pool_specs
+    env = {e.name: e.value for e in pool.container_spec.env}
+    assert env["PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR"] == "reschedule"
+    assert env[preemption.POOL_ENV] == "vertex" and env.items() >= HEARTBEAT.items()
+    assert pool.machine_spec.accelerator_count == defaults["accelerator_count"]
+
+
+def test_vertex_pool_refuses_a_run_without_a_service_account_before_submitting_it(prefect_server):
+    """The server checks a flow run's job variables against the pool's schema
+    when the run is created, so a missing service account is an error at
+    `prefect deployment run`, not a Crashed run on the worker."""
+    pool = f"test-vertex-{uuid.uuid4().hex[:6]}"
+    without = {k: v for k, v in VERTEX_REQUIRED.items() if k != "service_account_name"}
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="vertex-ai",
+                                               base_job_template=deployment_file.pool_template("vertex-gpu")))
+        try:
+            flow_id = client.create_flow_from_name(f"flow-{pool}")
+            deployment = client.create_deployment(flow_id, "train", work_pool_name=pool, job_variables=without)
+            with pytest.raises(Exception, match="service_account_name"):
+                client.create_flow_run_from_deployment(deployment)
+            run = client.create_flow_run_from_deployment(
+                deployment, job_variables={"service_account_name": VERTEX_REQUIRED["service_account_name"]})
+            assert run.job_variables["service_account_name"] == VERTEX_REQUIRED["service_account_name"]
+        finally:
+            client.delete_work_pool(pool)
