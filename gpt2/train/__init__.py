@@ -13,7 +13,8 @@
     step.py         one optimizer step, a validation pass, the micro-batch search
     optim.py        AdamW groups and the learning-rate schedule
     distributed.py  device and process group, from torchrun's environment
-    memory.py       memory limits and what counts as an OOM
+    parallel.py     DDP as built for training: gradients in its buckets, bucket size
+    memory.py       memory limits, what counts as an OOM, a step's steady-state memory
     throughput.py   tokens/s and MFU
     progress.py     per-step progress records and the progress bar
     report.py       loss curve and text samples

@@ -1,11 +1,17 @@
 """Device memory limits: `runtime.memory_limit_mb` and what counts as an OOM.
 
+What a training step needs is its steady state, from step 2 on: the weights,
+their gradients (under DDP with gradient_as_bucket_view, its bucket buffers,
+which are the gradients), AdamW's two moments for the parameters this rank
+steps (all of them, or its ZeRO-1 share), all resident before the forward
+pass; then the activations. `resident_bytes` is that first part, counted the
+same way by the CPU emulation below and by `estimate_step_bytes` (`gpt2 plan`);
+`steady_state` gives the micro-batch probe the real tensors on any device.
+
 On CUDA the limit is the caching allocator's per-process fraction, so going
 over it raises the real `torch.OutOfMemoryError`. A CPU has no such allocator
-cap, so the limit is enforced by accounting: parameters, their gradients and
-AdamW's two moment buffers for the parameters this rank steps (all of them, or
-its ZeRO-1 share; counted up front because the optimizer step will need them)
-plus every tensor autograd saves for backward, counted as it is saved. With
+cap, so the limit is enforced by accounting: `resident_bytes` up front, plus
+every tensor autograd saves for backward, counted as it is saved. With
 recomputation (GPT.recompute) autograd saves only each block's input, and one
 block's activations are rebuilt at a time during backward: that one block's
 worth is measured on the first block and counted too. Crossing the limit raises
@@ -79,12 +85,23 @@ class _CpuAccount:
         self.add(sum(sizes.values()))
 
 
+def resident_bytes(weight_bytes: float, owned_bytes: float, low_precision_copy_bytes: float = 0) -> float:
+    """What a steady-state training step holds from before its forward pass to
+    after its optimizer step: the weights (`weight_bytes`), as many bytes of
+    gradients (DDP's buckets with gradient_as_bucket_view: no second copy),
+    AdamW's exp_avg and exp_avg_sq of the parameters this rank steps
+    (`owned_bytes` of them), and autocast's low-precision copy of the weights
+    (on CUDA; a CPU run's casts are saved for backward and counted as saved)."""
+    return 2 * weight_bytes + 2 * owned_bytes + low_precision_copy_bytes
+
+
 def static_bytes(model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None = None) -> int:
-    """Parameters + gradients + AdamW's exp_avg and exp_avg_sq of
-    `optimizer_params` (this rank's share under ZeRO-1; default all)."""
+    """`resident_bytes` of `model`, with AdamW's moments for `optimizer_params`
+    (this rank's share under ZeRO-1; default all)."""
     params = list(model.parameters())
     owned = params if optimizer_params is None else list(optimizer_params)
-    return 2 * sum(p.numel() * p.element_size() for p in params) + 2 * sum(p.numel() * p.element_size() for p in owned)
+    return int(resident_bytes(sum(p.numel() * p.element_size() for p in params),
+                              sum(p.numel() * p.element_size() for p in owned)))
 
 
 @contextlib.contextmanager
@@ -109,6 +126,78 @@ def cpu_limit(model: torch.nn.Module, device: torch.device, limit_mb: int | None
             stack.callback(handle.remove)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(account.pack, lambda t: t))
         yield
+
+
+class GradientBuckets:
+    """DDP's gradient buffers, for a probe that runs without DDP (each rank
+    alone, no collectives): one flat buffer per dtype the size of all the
+    gradients, resident for the whole step, every gradient moved into its
+    slice as soon as backward has accumulated it, and left there. That is what
+    DDP with gradient_as_bucket_view=True does (gpt2.train.parallel): its
+    buckets are the gradients, and zero_grad(set_to_none) frees only the alias."""
+
+    def __init__(self, params: Iterable[torch.Tensor]):
+        params = [p for p in params if p.requires_grad]
+        self.buffers = {dtype: torch.zeros(sum(p.numel() for p in params if p.dtype == dtype), dtype=dtype,
+                                           device=params[0].device)
+                        for dtype in {p.dtype for p in params}}
+        offsets = dict.fromkeys(self.buffers, 0)
+        self.views: dict[torch.Tensor, torch.Tensor] = {}
+        for p in params:
+            start = offsets[p.dtype]
+            offsets[p.dtype] += p.numel()
+            self.views[p] = self.buffers[p.dtype][start:start + p.numel()].view_as(p)
+        self.handles = [p.register_post_accumulate_grad_hook(self._into_bucket) for p in params]
+
+    def _into_bucket(self, p: torch.Tensor) -> None:
+        view = self.views[p]
+        if p.grad.data_ptr() != view.data_ptr():  # a fresh gradient: copy it in, free it
+            p.grad = view.copy_(p.grad)
+
+    def as_grads(self) -> None:
+        """Every gradient set to its (zeroed) slice."""
+        for p, view in self.views.items():
+            p.grad = view.zero_()
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for p in self.views:
+            p.grad = None
+        self.views, self.buffers = {}, {}
+
+
+def settle(optimizer: torch.optim.Optimizer) -> None:
+    """Create AdamW's state as it is from step 2 on, by AdamW itself (its
+    dtypes, its devices): one step over zero gradients (existing ones are
+    zeroed). It moves the weights by weight decay only; the probe puts them back."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def steady_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ddp: bool) -> Iterator[None]:
+    """The memory a training step runs in from step 2 on, for real: DDP's
+    gradient buckets (`ddp`: training wraps the model in DDP) and AdamW's
+    moments exist before the forward pass. A probe that allocated the moments
+    only at its optimizer step, after the activations were freed, and had no
+    buckets would see ~12 bytes a parameter less than training needs."""
+    buckets = GradientBuckets(model.parameters()) if ddp else None
+    try:
+        if buckets is not None:
+            buckets.as_grads()  # the zero step's gradients: no transient copy
+        settle(optimizer)
+        yield
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        if buckets is not None:
+            buckets.remove()
 
 
 def release(device: torch.device) -> None:
@@ -165,5 +254,6 @@ def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: in
     else:
         blocks = ACTIVATION_BYTES_PER_CHANNEL * n_layer
     per_token = (blocks + 6) * n_embd + LOGIT_BYTES_PER_ENTRY * vocab_size
-    static = STATIC_BYTES_PER_PARAM * n_params + ADAMW_BYTES_PER_PARAM * n_params / optimizer_shards
+    # fp32 weights and moments, autocast's bf16 copy: STATIC_BYTES_PER_PARAM + ADAMW_BYTES_PER_PARAM a parameter.
+    static = resident_bytes(4 * n_params, 4 * n_params / optimizer_shards, 2 * n_params)
     return int(RESERVED_BYTES + static + FRAGMENTATION * per_token * tokens)

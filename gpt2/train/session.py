@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from gpt2 import layout, storage
 from gpt2.checkpoint import staging, store
@@ -28,6 +27,7 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
 from gpt2.train.optim import load_state, make_optimizer
+from gpt2.train.parallel import wrap_ddp
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
         restore_rng(ckpt.rng, env.device)
     model = compiled(raw, config, env.device)
     if env.is_distributed:
-        model = DistributedDataParallel(model, device_ids=[env.local_rank] if env.device_type == "cuda" else None)
+        model = wrap_ddp(model, raw, env)
 
     source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
     loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)

@@ -155,17 +155,18 @@ def memory_candidates(seqs_per_rank: int, shard_optimizer: bool | str, recompute
 
 def _probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
            seq_len: int, vocab: int, ctx: StepContext) -> None:
-    """A real forward, backward and optimizer step at (batch, seq_len)."""
+    """A real forward, backward and optimizer step at (batch, seq_len), in
+    the memory of a step from step 2 on (memory.steady_state): AdamW's
+    moments already resident and, when training runs under DDP, its gradient
+    buckets too."""
     # A private generator: the search must not move the global RNG, so a run
     # with `auto` trains exactly like one given the chosen size.
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(ctx.env.device)
-    try:
+    with memory.steady_state(model, optimizer, ddp=ctx.env.is_distributed):
         train_step(model, model, optimizer, [(x[:, :-1], x[:, 1:])],
                    StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb))
         synchronize(ctx.env.device)
-    finally:
-        optimizer.zero_grad(set_to_none=True)
 
 
 def _local(env: DistEnv) -> DistEnv:

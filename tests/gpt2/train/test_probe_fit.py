@@ -1,0 +1,55 @@
+"""The micro-batch `auto` picks survives real training: several steps on two
+gloo ranks (DDP, and ZeRO-1 or recomputation where the search chose them)
+under the same runtime.memory_limit_mb, for a model shaped like GPT-2 1558M."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gpt2.model import GPT
+from gpt2.train import memory
+from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.test_train_process import run_to_end
+
+# gpt2-1558m is 48 layers, 1600 channels, 25 heads: the layers and channels
+# divided by 16 (the same depth for its width), the heads kept.
+SCALE = 16
+SHAPE = {"model.n_layer": 48 // SCALE, "model.n_embd": 1600 // SCALE, "model.n_head": 25}
+RANKS, SEQS_PER_RANK, T = 2, 8, 64
+
+
+def _saved_bytes(model: GPT, batch: int) -> int:
+    """What one forward pass at `batch` saves for backward, weights left out
+    (as the CPU emulation counts it)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    sizes = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randint(0, model.config.vocab_size, (batch, T + 1), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x[:, :-1], x[:, 1:], return_logits=False)
+    return sum(sizes.values())
+
+
+def test_the_size_auto_picks_survives_several_real_steps_under_the_limit(tmp_path):
+    overrides = {**SHAPE, "model.block_size": T, "train.total_batch_tokens": RANKS * SEQS_PER_RANK * T,
+                 "train.micro_batch_size": "auto", "train.max_steps": 4, "train.eval_every": 4,
+                 "train.val_steps": 1, "train.checkpoint_every": 4, "train.sample_every": 4}
+    config = tiny_config(tmp_path, **overrides)
+    model = GPT(config.model)
+    # Halfway between what the whole per-rank batch and half of it need in
+    # plain steps: the plain full size cannot fit, so the search must give
+    # something up (the size, or a saver), and what it keeps is then trained.
+    half, full = _saved_bytes(model, SEQS_PER_RANK // 2), _saved_bytes(model, SEQS_PER_RANK)
+    limit_mb = math.ceil((memory.static_bytes(model) + (half + full) / 2) / memory.MB)
+    config = tiny_config(tmp_path, **overrides, **{"runtime.memory_limit_mb": limit_mb})
+    write_dataset(config, val_tokens=2 * config.train.total_batch_tokens)
+    result = run_to_end(config, tmp_path, torchrun=RANKS)
+    assert result["steps"] == config.train.max_steps and result["world_size"] == RANKS
+    assert (result["micro_batch_size"] < SEQS_PER_RANK or result["shard_optimizer"] or result["recompute"])
