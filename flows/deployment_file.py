@@ -27,6 +27,7 @@ GPU_HEARTBEAT_S = 30
 # The pull step in prefect.yaml moves each flow run into this directory.
 PROJECT_DIR_ENV = "GPT2_PROJECT_DIR"
 RESCHEDULE_AUTOMATION = "gpt2-reschedule-preempted"
+RESCHEDULE_CAP_AUTOMATION = "gpt2-reschedule-cap"
 DEFAULT_MAX_RESCHEDULES = 3
 ZOMBIE_AUTOMATION = "gpt2-zombie-runs"
 DEFAULT_ZOMBIE_AFTER_S = 90
@@ -49,10 +50,24 @@ def run_counts(max_reschedules: int) -> list[str]:
     return [str(n) for n in range(1, max_reschedules + 1)]
 
 
+def run_counts_beyond(max_reschedules: int) -> list[str]:
+    """Glob patterns (fnmatch, as the server matches event labels) for the
+    decimal run counts above `max_reschedules`; up to 98."""
+    if not 0 <= max_reschedules <= 98:
+        raise ValueError(f"max_reschedules must be within 0..98, got {max_reschedules}")
+    first = max_reschedules + 1
+    if first <= 9:
+        return [f"[{first}-9]", "[1-9][0-9]*"]
+    tens, units = divmod(first, 10)
+    patterns = [f"{tens}[{units}-9]"] + ([f"[{tens + 1}-9][0-9]"] if tens < 9 else [])
+    return patterns + ["[1-9][0-9][0-9]*"]
+
+
 def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES,
                 zombie_after_s: int = DEFAULT_ZOMBIE_AFTER_S) -> list[dict[str, Any]]:
     """Every automation under deployments/automations/, the reschedule one capped at
-    `max_reschedules` (0 disables it: no run count matches), the zombie one
+    `max_reschedules` (0 disables it: no run count matches) and the cap on the
+    AwaitingRetry path cancelling a run put back beyond it, the zombie one
     marking a watched run Crashed after `zombie_after_s` without a heartbeat."""
     if zombie_after_s < MIN_ZOMBIE_AFTER_S:
         raise ValueError(f"the zombie window must be at least {MIN_ZOMBIE_AFTER_S} s (two missed 30 s heartbeats); "
@@ -64,6 +79,8 @@ def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES,
             counts = run_counts(max_reschedules)
             spec["trigger"]["match"]["prefect.run-count"] = counts
             spec["enabled"] = bool(counts)
+        if spec["name"] == RESCHEDULE_CAP_AUTOMATION:
+            spec["trigger"]["match"]["prefect.run-count"] = run_counts_beyond(max_reschedules)
         if spec["name"] == ZOMBIE_AUTOMATION:
             default = spec["trigger"]["within"]
             spec["trigger"]["within"] = zombie_after_s

@@ -15,11 +15,12 @@ from prefect.client.schemas.objects import StateType
 from prefect.events.schemas.automations import AutomationCore
 from prefect.server.events.schemas.automations import AutomationCore as ServerAutomationCore
 from prefect.server.events.schemas.events import ReceivedEvent
-from prefect.states import Crashed, Pending, Running
+from prefect.states import AwaitingRetry, Crashed, Pending, Running
 
 from flows import deployment_file
 
 RESCHEDULE, ZOMBIE = deployment_file.RESCHEDULE_AUTOMATION, deployment_file.ZOMBIE_AUTOMATION
+CAP = deployment_file.RESCHEDULE_CAP_AUTOMATION
 
 
 def _specs(max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES) -> dict[str, dict]:
@@ -42,7 +43,7 @@ def _event(name: str, run_count: int | None = 1, tags: tuple[str, ...] = ("gpt2"
 
 def test_files_are_valid_automations_for_client_and_server():
     specs = _specs()
-    assert set(specs) == {RESCHEDULE, ZOMBIE}
+    assert set(specs) == {RESCHEDULE, ZOMBIE, CAP}
     for spec in specs.values():
         AutomationCore.model_validate(spec)
         ServerAutomationCore.model_validate(spec)
@@ -131,5 +132,51 @@ def test_real_server_reschedules_a_crashed_preemptible_run(prefect_server):
             assert (after.state.name, after.run_count) == ("AwaitingRetry", 1)
             assert time.monotonic() - crashed_at >= _trigger(RESCHEDULE).within.total_seconds() - 1
             assert client.read_flow_run(untagged.id).state.type == StateType.CRASHED
+        finally:
+            client.delete_automation(automation_id)
+
+
+def test_the_cap_covers_the_awaiting_retry_path_beyond_the_same_budget():
+    """A SIGTERM on Kubernetes or Vertex puts the run straight back to
+    AwaitingRetry, never Crashed: past the cap it is cancelled instead."""
+    n = deployment_file.DEFAULT_MAX_RESCHEDULES
+    trigger = _trigger(CAP)
+    assert trigger.posture == "Reactive" and trigger.expects("prefect.flow-run.AwaitingRetry")
+    covered = [trigger.covers(_event("prefect.flow-run.AwaitingRetry", k)) for k in range(1, n + 13)]
+    assert covered == [False] * n + [True] * 12  # counts 1..N go back, N+1 and later (two digits too) do not
+    assert not trigger.covers(_event("prefect.flow-run.AwaitingRetry", n + 1, tags=("gpt2",)))
+    assert AutomationCore.model_validate(_specs()[CAP]).actions[0].type == "cancel-flow-run"
+    for cap in (0, 9, 10, 41, 98):
+        beyond = _trigger(CAP, cap)
+        assert [beyond.covers(_event("prefect.flow-run.AwaitingRetry", k)) for k in range(1, 120)] == [
+            k > cap for k in range(1, 120)]
+    with pytest.raises(ValueError, match="max_reschedules"):
+        deployment_file.automations(99)
+
+
+def test_real_server_cancels_a_run_put_back_beyond_the_cap(prefect_server):
+    from prefect import flow
+
+    @flow(name="gpt2-cap-probe")
+    def probe() -> None: ...
+
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(CAP):
+            client.delete_automation(old.id)
+        automation_id = client.create_automation(AutomationCore.model_validate(_specs(1)[CAP]))
+        try:
+            deployment_id = client.create_deployment(client.create_flow(probe), "probe")
+            run = client.create_flow_run_from_deployment(deployment_id, tags=["gpt2", "gpu", "preemptible"])
+            time.sleep(2)  # let the automation load before the first event
+            for _ in range(2):  # preempted twice: the second AwaitingRetry is past a cap of 1
+                client.set_flow_run_state(run.id, Pending())
+                client.set_flow_run_state(run.id, Running())
+                client.set_flow_run_state(run.id, AwaitingRetry(), force=True)
+                first = client.read_flow_run(run.id)
+                if first.run_count == 1:
+                    time.sleep(3)  # within the cap: left alone
+                    assert client.read_flow_run(run.id).state.name == "AwaitingRetry"
+            after = _wait_state(client, run.id, lambda s: s.type == StateType.CANCELLED, 60)
+            assert (after.state.type, after.run_count) == (StateType.CANCELLED, 2)
         finally:
             client.delete_automation(automation_id)

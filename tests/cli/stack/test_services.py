@@ -88,7 +88,7 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     assert view["pools"]["gpu"] == deployment_file.pool_template("process-gpu")
     assert view["pools"]["cpu"] == deployment_file.pool_template("process-cpu")
     assert view["limits"] == {"cpu": None, "gpu": 1}
-    assert set(view["automations"]) == {"gpt2-reschedule-preempted", "gpt2-zombie-runs"}
+    assert set(view["automations"]) == {"gpt2-reschedule-preempted", "gpt2-reschedule-cap", "gpt2-zombie-runs"}
     assert view["workers"] == {"cpu": ["gpt2-cpu"], "gpu": ["gpt2-gpu"]}
     assert processes.http_ok(f"{up['mlflow_url']}/health")
 
