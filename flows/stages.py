@@ -63,6 +63,30 @@ def stage_overrides(config: Config, overrides: dict[str, Any]) -> dict[str, Any]
     return pinned
 
 
+class RootNotShared(UserError):
+    """A local artifact root with stages on pools whose machines cannot see it."""
+
+
+def check_root_reachable(config: Config) -> None:
+    """Before any stage runs: a local root (`file://`) is refused when a stage
+    deployment sits on a work pool that is not a process pool (Kubernetes,
+    Vertex AI, …): its job runs in a container on another machine, and would
+    only fail at the first stage that reads what an earlier one wrote there."""
+    if layout.local_root(config) is None:
+        return
+    elsewhere = []
+    with get_client(sync_client=True) as client:
+        for stage, name in DEPLOYMENTS.items():
+            pool = client.read_work_pool(client.read_deployment_by_name(name).work_pool_name)
+            if pool.type != "process":
+                elsewhere.append(f"{stage} (work pool {pool.name}, type {pool.type})")
+    if elsewhere:
+        raise RootNotShared(
+            f"the artifact root {layout.root(config)} is a local path, but {', '.join(elsewhere)} run(s) in "
+            "containers on other machines that cannot read or write it: give the pipeline a root every pool "
+            "reaches (runtime.root=gs://BUCKET/gpt2 or s3://…, or $GPT2_ROOT where it starts)")
+
+
 class StageFailed(RuntimeError):
     """A stage's flow run ended Failed, Cancelled or Crashed for good."""
 
@@ -135,6 +159,7 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
                          grace_s: float = RESCHEDULE_GRACE_S) -> dict[str, Any]:
     """Start (or re-attach to) a stage's deployment run and return its result."""
     logger = get_run_logger()
+    check_root_reachable(config)
     child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
     logger.info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
