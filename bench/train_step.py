@@ -1,11 +1,23 @@
 """Benchmark: our training step against a plain nanoGPT-style loop, and what
 checkpointing and MLflow logging cost relative to a step.
 
-    python -m bench.train_step                 # CPU: a small GPT, fp32
-    python -m bench.train_step --cuda          # GPU: GPT-2 124M, bf16, eager vs compiled, MFU
+    python -m bench.train_step                    # CPU: a small GPT, fp32
+    python -m bench.train_step --cuda             # GPU: GPT-2 124M, bf16, eager vs compiled, MFU
+    python -m bench.train_step --cuda --record    # ... and the figures appended to bench/results.jsonl
+    torchrun --standalone --nproc_per_node=8 -m bench.train_step --cuda --record   # DDP and ZeRO-1
+
+Every timed iteration is a whole one, the window nanoGPT and llm.c time and
+the trainer's tokens/s uses: the batch fetch through the trainer's data path
+(bench.step_data), the copy to the device, forward, backward, optimizer step.
 
 It also reports what runtime.recompute costs: our eager step with per-block
 recomputation against the same step without it.
+
+Under torchrun (several processes; NCCL on GPUs, gloo on CPU) it times the
+trainer's multi-GPU setups instead, interleaved: DDP with plain AdamW, and
+DDP with ZeRO-1 (runtime.shard_optimizer), both as gpt2.train.parallel and
+gpt2.train.optim build them. Tokens/s are global, MFU per GPU; `--record`
+keeps the DDP row.
 
 The reference is written here on purpose: a straightforward GPT module and an
 AdamW loop (same dims, batch, dtype, attention kernel), the baseline every
@@ -22,19 +34,23 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench import records
+from bench.step_data import synthetic_loader
 from gpt2 import layout
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.config import ModelConfig, TrainConfig
 from gpt2.model import GPT
 from gpt2.overrides import resolve_config
 from gpt2.tracking import Tracker
-from gpt2.train.distributed import DistEnv, amp_dtype, autocast
+from gpt2.train.distributed import DistEnv, amp_dtype, autocast, distributed
 from gpt2.train.optim import make_optimizer
+from gpt2.train.parallel import wrap_ddp
 from gpt2.train.step import StepContext, find_micro_batch, train_step
 from gpt2.train.throughput import mfu, peak_flops, synchronize
 
@@ -76,6 +92,7 @@ class RefGPT(nn.Module):
 def ref_step(model, opt, batches, device, dtype):
     opt.zero_grad(set_to_none=True)
     for x, y in batches:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, dtype):
             loss = model(x, y) / len(batches)
         loss.backward()
@@ -91,52 +108,76 @@ def timed(fn, device, clock=time.perf_counter) -> float:
     return clock() - t0
 
 
-def auto_batch(cfg: ModelConfig, device: torch.device) -> int:
+def auto_batch(cfg: ModelConfig, env: DistEnv) -> int:
     """The micro-batch `train.micro_batch_size=auto` picks for gpt2-124m's
-    512 sequences a step, probed eagerly as the trainer does."""
-    model = GPT(cfg).to(device)
-    ctx = StepContext(DistEnv(0, 0, 1, device), amp_dtype(device), 1.0)
-    return find_micro_batch(model, lambda: make_optimizer(model, TrainConfig(), device.type),
-                            TrainConfig().total_batch_tokens // cfg.block_size, cfg.block_size, cfg.vocab_size, ctx)
+    512 sequences a step over this many ranks, probed eagerly as the trainer
+    does (in a step's steady-state memory, with DDP's buckets under torchrun)."""
+    model = GPT(cfg).to(env.device)
+    ctx = StepContext(env, amp_dtype(env.device), 1.0)
+    seqs_per_rank = TrainConfig().total_batch_tokens // (cfg.block_size * env.world_size)
+    return int(find_micro_batch(model, lambda shard=False: make_optimizer(model, TrainConfig(), env.device_type, shard),
+                                seqs_per_rank, cfg.block_size, cfg.vocab_size, ctx))
 
 
-def measure_steps(args, cfg: ModelConfig, device: torch.device, compile: bool) -> dict:
-    dtype = amp_dtype(device)
+Runs = dict[str, Callable[[], object]]
+
+
+def _iteration(model, raw, opt, loader, ctx) -> Callable[[], object]:
+    """One whole training iteration: fetch this rank's batches, then the step."""
+    return lambda: train_step(model, raw, opt, loader.next_batches(), ctx)
+
+
+def single_runs(args, cfg: ModelConfig, env: DistEnv, compile: bool, data: Path) -> tuple[Runs, GPT, object]:
+    """Ours and the reference, one process; (runs, our model, our optimizer)."""
+    device, dtype = env.device, amp_dtype(env.device)
     torch.manual_seed(0)
     ours = GPT(cfg).to(device)
     ref = RefGPT(cfg).to(device)
-    tcfg = TrainConfig()
-    our_opt = make_optimizer(ours, tcfg, device.type)
+    our_opt = make_optimizer(ours, TrainConfig(), device.type)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=6e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
     raw = ours
     if compile:
         ours, ref = torch.compile(ours), torch.compile(ref)
-    ctx = StepContext(DistEnv(0, 0, 1, device), dtype, 1.0)
-    batches = [(torch.randint(0, 50257, (args.batch, cfg.block_size), device=device),) * 2
-               for _ in range(args.accum)]
-    run_ours = lambda: train_step(ours, raw, our_opt, batches, ctx)  # noqa: E731
-    run_ref = lambda: ref_step(ref, ref_opt, batches, device, dtype)  # noqa: E731
+    ours_data, ref_data = (synthetic_loader(data, cfg.block_size, args.batch, args.accum, env) for _ in range(2))
+    runs = {"ours": _iteration(ours, raw, our_opt, ours_data, StepContext(env, dtype, 1.0)),
+            "reference": lambda: ref_step(ref, ref_opt, ref_data.next_batches(), device, dtype)}
+    return runs, raw, our_opt
+
+
+def distributed_runs(args, cfg: ModelConfig, env: DistEnv, compile: bool, data: Path) -> tuple[Runs, GPT, object]:
+    """DDP with plain AdamW and DDP with ZeRO-1, as the trainer builds them."""
+    runs, first = {}, None
+    for name, shard in (("DDP", False), ("ZeRO-1", True)):
+        torch.manual_seed(0)
+        raw = GPT(cfg).to(env.device)
+        opt = make_optimizer(raw, TrainConfig(), env.device_type, shard)
+        model = wrap_ddp(torch.compile(raw) if compile else raw, raw, env)
+        loader = synthetic_loader(data, cfg.block_size, args.batch, args.accum, env)
+        runs[name] = _iteration(model, raw, opt, loader, StepContext(env, amp_dtype(env.device), 1.0))
+        first = first or (raw, opt)
+    return runs, *first
+
+
+def measure(runs: Runs, args, device: torch.device, clock) -> dict:
+    """Warm up, then time every run `args.steps` times, interleaved (background
+    load hits all alike); the fastest and the median of each, in seconds."""
     t0 = time.perf_counter()
     for _ in range(args.warmup):
-        run_ours(), run_ref()
+        for run in runs.values():
+            run()
     synchronize(device)
     warmup_s = time.perf_counter() - t0
-    # On a CPU shared with other work, wall time measures the neighbours too:
-    # single-threaded steps timed in process CPU time measure our own work.
-    clock = time.process_time if device.type == "cpu" else time.perf_counter
-    t_ours, t_ref = [], []
-    for _ in range(args.steps):  # interleaved: background load hits both alike
-        t_ours.append(timed(run_ours, device, clock))
-        t_ref.append(timed(run_ref, device, clock))
+    times = {name: [] for name in runs}
+    for _ in range(args.steps):
+        for name, run in runs.items():
+            times[name].append(timed(run, device, clock))
     # The fastest of several steps: interference only ever adds time.
-    return {"ours": min(t_ours), "ref": min(t_ref), "model": raw, "opt": our_opt, "warmup_s": warmup_s,
-            "ours_median": statistics.median(t_ours), "ref_median": statistics.median(t_ref)}
+    return {"warmup_s": warmup_s, **{name: (min(t), statistics.median(t)) for name, t in times.items()}}
 
 
-def report_recompute(r: dict, args, cfg: ModelConfig, device: torch.device) -> None:
+def report_recompute(model: GPT, opt, args, cfg: ModelConfig, device: torch.device) -> None:
     """Our eager step with and without per-block recomputation, interleaved,
     on the same model and batches (the baseline is the step without it)."""
-    model, opt = r["model"], r["opt"]
     ctx = StepContext(DistEnv(0, 0, 1, device), amp_dtype(device), 1.0)
     batches = [(torch.randint(0, 50257, (args.batch, cfg.block_size), device=device),) * 2
                for _ in range(args.accum)]
@@ -182,21 +223,28 @@ def measure_logging(root: Path) -> dict:
     return {"log_s": log_s, "send_s": send_s}
 
 
-def report_steps(r: dict, tokens: int, device: torch.device, label: str) -> None:
-    for name, key in (("reference", "ref"), ("ours", "ours")):
-        print(f"{label}{name:>9}: {tokens / r[key]:,.0f} tok/s (best {1000 * r[key]:.1f} ms/step, "
-              f"median {1000 * r[key + '_median']:.1f} ms)")
-    print(f"{label}ratio ours/reference (tokens/s): {r['ref'] / r['ours']:.3f}x best, "
-          f"{r['ref_median'] / r['ours_median']:.3f}x median; warm-up (compilation) {r['warmup_s']:.1f}s")
-    util = mfu(r["model"].flops_per_token(), tokens / r["ours"], peak_flops(device))
-    if util is not None:
-        print(f"{label}MFU (model FLOPs 6N + attention, dense bf16 peak): {100 * util:.1f}%")
+def report_steps(r: dict, names: tuple[str, str], tokens: int, model: GPT, env: DistEnv,
+                 label: str) -> tuple[float, float | None]:
+    """Print each run's figures and the ratio of the first to the second;
+    returns the first's global tokens/s and its MFU (a fraction; None
+    without a known peak), per GPU."""
+    for name in names:
+        best, median = r[name]
+        print(f"{label}{name:>9}: {tokens / best:,.0f} tok/s (best {1000 * best:.1f} ms/iteration, "
+              f"median {1000 * median:.1f} ms)")
+        util = mfu(model.flops_per_token(), tokens / best / env.world_size, peak_flops(env.device))
+        if util is not None:
+            print(f"{label}{name:>9}: MFU (model FLOPs 6N + attention, dense bf16 peak) {100 * util:.1f}%")
+    first, second = names
+    print(f"{label}ratio {first}/{second} (tokens/s): {r[second][0] / r[first][0]:.3f}x best, "
+          f"{r[second][1] / r[first][1]:.3f}x median; warm-up (compilation) {r['warmup_s']:.1f}s")
+    tok_s = tokens / r[first][0]
+    return tok_s, mfu(model.flops_per_token(), tok_s / env.world_size, peak_flops(env.device))
 
 
-def report_overheads(r: dict) -> None:
-    step = r["ours"]
+def report_overheads(step: float, model: GPT, opt) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        o = measure_checkpoint(r["model"], r["opt"], Path(tmp))
+        o = measure_checkpoint(model, opt, Path(tmp))
     print(f"checkpoint: training thread held {o['held_s']:.3f}s = {o['held_s'] / step:.3f} steps "
           f"(whole write in the background: {o['save_s']:.3f}s); amortized over checkpoint_every=500 "
           f"(gpt2-124m): {100 * o['held_s'] / (500 * step):.4f}% of step time, over 10 (smoke): "
@@ -221,32 +269,56 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: CPU-time measurements are exact)")
+    parser.add_argument("--record", action="store_true",
+                        help=f"append this run's figures to {records.RESULTS.name} (GPU runs: figures on record)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # The process group under torchrun, TF32 on CUDA (on every supported torch).
+    with distributed("cuda" if args.cuda else "cpu") as env, tempfile.TemporaryDirectory() as data:
+        run(args, env, Path(data))
+
+
+def run(args, env: DistEnv, data: Path) -> None:
+    device = env.device
     if args.cuda:
-        device, cfg = torch.device("cuda"), ModelConfig()
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        args.batch = auto_batch(cfg, device) if args.batch in (None, "auto") else int(args.batch)
+        cfg = ModelConfig()
+        args.batch = auto_batch(cfg, env) if args.batch in (None, "auto") else int(args.batch)
         torch.cuda.empty_cache()  # the probe's model is gone; hand its blocks back
         modes = (False, True)
     else:
-        device, cfg = torch.device("cpu"), ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128)
+        cfg = ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128)
         args.batch = int(args.batch or 4)
         modes = (args.compile,)
-    tokens = args.batch * args.accum * cfg.block_size
-    clock = "CPU time, 1 thread" if device.type == "cpu" and args.threads == 1 else "wall time"
-    print(f"device {device} | model L{cfg.n_layer} H{cfg.n_head} C{cfg.n_embd} T{cfg.block_size} "
-          f"| micro-batch {args.batch} x {args.accum} | {tokens} tokens/step | dtype "
-          f"{amp_dtype(device) or torch.float32} | {clock}")
-    results = {}
+    tokens = args.batch * args.accum * cfg.block_size * env.world_size
+    # On a CPU shared with other work, wall time measures the neighbours too:
+    # one single-threaded process timed in CPU time measures its own work.
+    cpu_time = device.type == "cpu" and args.threads == 1 and not env.is_distributed
+    clock = time.process_time if cpu_time else time.perf_counter
+    say = print if env.is_main else (lambda *a, **k: None)
+    say(f"device {records.device_name(device)} x {env.world_size} | model L{cfg.n_layer} H{cfg.n_head} "
+        f"C{cfg.n_embd} T{cfg.block_size} | micro-batch {args.batch} x {args.accum} per rank | {tokens} tokens/"
+        f"iteration | dtype {amp_dtype(device) or torch.float32} | {'CPU time, 1 thread' if cpu_time else 'wall time'}")
+    build, names = (distributed_runs, ("DDP", "ZeRO-1")) if env.is_distributed else (single_runs, ("ours", "reference"))
+    tok_s, util = {}, {}
     for compile in modes:
         label = "compiled " if compile else ("eager " if args.cuda else "")
-        results[compile] = measure_steps(args, cfg, device, compile)
-        report_steps(results[compile], tokens, device, label)
-    if len(results) == 2:
-        print(f"ratio compiled/eager (ours, tokens/s): {results[False]['ours'] / results[True]['ours']:.3f}x best")
-    report_recompute(results[modes[0]], args, cfg, device)
-    report_overheads(results[modes[-1]])
+        runs, model, opt = build(args, cfg, env, compile, data)
+        r = measure(runs, args, device, clock)
+        if env.is_main:
+            tok_s[compile], util[compile] = report_steps(r, names, tokens, model, env, label)
+        if not env.is_distributed and compile == modes[0]:
+            report_recompute(model, opt, args, cfg, device)
+        if not env.is_distributed and compile == modes[-1]:
+            report_overheads(r["ours"][0], model, opt)
+        del runs, model, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if len(tok_s) == 2:
+        say(f"ratio compiled/eager ({names[0]}, tokens/s): {tok_s[True] / tok_s[False]:.3f}x best")
+    if args.record and env.is_main:
+        row = records.train_step_record(device, env.world_size if device.type == "cuda" else 0, args.batch,
+                                        tok_s.get(False), tok_s.get(True), util[modes[-1]])
+        say(f"recorded in {records.append(row)}: {row}")
 
 
 if __name__ == "__main__":

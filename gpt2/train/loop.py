@@ -189,15 +189,18 @@ class Loop:
         s, cfg = self.s, self.cfg.train
         lr = lr_at(step, cfg)
         set_lr(s.optimizer, lr)
+        # Timed from the batch fetch to the end of the optimizer step (the window
+        # nanoGPT and llm.c time, and bench.train_step): tokens/s, MFU and the ETA
+        # include waiting for data, which is also reported on its own.
+        synchronize(s.env.device)
+        t0 = now()
         waited = s.loader.source.wait_seconds
         try:
             batches = s.loader.next_batches()
         except Exception as err:  # noqa: BLE001 - a shard this rank cannot fetch
             self._survive(err, f"fetching the batches of step {step + 1}")
             batches = self._stand_in_batches()
-        data_wait = s.loader.source.wait_seconds - waited  # not in the step's time: reported beside it
-        synchronize(s.env.device)
-        t0 = now()
+        data_wait = s.loader.source.wait_seconds - waited
         try:
             loss, norm, agreed = train_step_with_flags(s.model, s.raw_model, s.optimizer, batches, s.ctx, self._flags)
         except torch.OutOfMemoryError as err:
@@ -268,7 +271,7 @@ class Loop:
         if done % self.log_every == 0 or val is not None or done == self.cfg.train.max_steps:
             extra = f" | mfu {100 * util:.1f}%" if util is not None else ""
             extra += f" | val {val:.4f}" if val is not None else ""
-            # Waiting for shards, summed since the last line (tok/s counts only the steps themselves).
+            # Waiting for shards, summed since the last line (already inside tok/s: this says how much).
             extra += f" | data wait {self.data_wait:.2f}s" if self.data_wait >= 0.005 else ""
             self.data_wait = 0.0
             log.info("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s",

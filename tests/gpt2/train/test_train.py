@@ -88,6 +88,9 @@ def test_mlflow_run_has_params_metrics_and_artifacts(finished):
     assert {"train/lr", "train/grad_norm", "perf/tokens_per_second", "perf/data_wait_s"} <= set(run.data.metrics)
     waits = client.get_metric_history(run.info.run_id, "perf/data_wait_s")
     assert [m.step for m in waits] == list(range(1, 9)) and waits[0].value > 0  # step 1 opened its shard
+    # tokens/s times the whole iteration, batch fetch included: no step took less than its data wait.
+    speeds = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "perf/tokens_per_second")}
+    assert all(speeds[m.step] * m.value <= config.train.total_batch_tokens for m in waits)
     hellaswag = client.get_metric_history(run.info.run_id, "hellaswag/acc_norm")
     assert [m.step for m in hellaswag] == [3, 6, 8] and all(0 <= m.value <= 1 for m in hellaswag)
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
