@@ -272,6 +272,8 @@ def main() -> None:
     parser.add_argument("--record", action="store_true",
                         help=f"append this run's figures to {records.RESULTS.name} (GPU runs: figures on record)")
     args = parser.parse_args()
+    if args.record and not args.cuda:
+        parser.error(f"--record keeps GPU figures only ({records.RESULTS.name}): add --cuda, on a GPU machine")
     torch.set_num_threads(args.threads)
     # The process group under torchrun, TF32 on CUDA (on every supported torch).
     with distributed("cuda" if args.cuda else "cpu") as env, tempfile.TemporaryDirectory() as data:
