@@ -132,11 +132,14 @@ class Loop:
                        self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted)
 
     def _last_checkpoint(self, close: bool = False) -> str | None:
+        """The newest complete checkpoint, named by rank 0 only (the others
+        wait for their share of it, and learn of its failure, all the same)."""
         if self.writer is None:
             return None
         if close:
             self.writer.close()
-        return self.writer.wait()
+        last = self.writer.wait()
+        return last if self.s.env.is_main else None
 
     def _flags(self) -> list[bool]:
         """This rank's [stop requested, lease lost, failed]."""
