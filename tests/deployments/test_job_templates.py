@@ -209,3 +209,21 @@ def test_vertex_pool_refuses_a_run_without_a_service_account_before_submitting_i
             assert run.job_variables["service_account_name"] == VERTEX_REQUIRED["service_account_name"]
         finally:
             client.delete_work_pool(pool)
+
+
+@pytest.mark.parametrize("name,pool_type", [("kubernetes-gpu", "kubernetes"), ("vertex-gpu", "vertex-ai")])
+def test_a_container_pool_refuses_a_deployment_without_a_real_image(prefect_server, name, pool_type):
+    """`prefect deploy` without $GPT2_IMAGE gives the GPU deployments an empty
+    image: refused when the deployment is created, not a pod of the wrong image."""
+    pool = f"test-{name}-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type=pool_type,
+                                               base_job_template=deployment_file.pool_template(name)))
+        try:
+            flow_id = client.create_flow_from_name(f"flow-{pool}")
+            for bad in ("", "{{ $GPT2_IMAGE }}"):
+                with pytest.raises(Exception, match="image"):
+                    client.create_deployment(flow_id, "train", work_pool_name=pool, job_variables={"image": bad})
+            client.create_deployment(flow_id, "train", work_pool_name=pool, job_variables=K8S_REQUIRED)
+        finally:
+            client.delete_work_pool(pool)

@@ -111,3 +111,32 @@ def test_the_pools_gpu_count_alone_sets_the_training_processes():
     params = spec["parameters"]
     assert "runtime.nproc_per_node" not in params["overrides"]
     assert resolve_config(params["preset"], params["overrides"]).runtime.nproc_per_node == "auto"
+
+
+@pytest.mark.parametrize("name", [n for n, (_, gpu) in EXPECTED.items() if gpu])
+def test_gpu_deployments_have_a_concurrency_limit_that_queues(name):
+    """A cost guardrail: a second run of a GPU deployment waits for the first
+    instead of renting a second GPU machine."""
+    model = PrefectYamlModel.model_validate(yaml.safe_load(deployment_file.PREFECT_YAML.read_text()))
+    _, spec, _ = DEPLOYMENTS[IDS.index(name)]
+    (deployment,) = [d for d in model.deployments if d.name == spec["name"]]
+    assert deployment.concurrency_limit.limit >= 1
+    assert deployment.concurrency_limit.collision_strategy == "ENQUEUE"
+
+
+@pytest.mark.parametrize("image", ["registry.example/gpt2:abc123", None])
+def test_the_gpu_image_is_resolved_where_prefect_deploy_runs(image, monkeypatch):
+    """The two templating passes of `prefect deploy` (the environment, then the
+    build steps' outputs): $GPT2_IMAGE becomes the GPU deployments' image; unset,
+    it is empty, which a container pool refuses (test_job_templates) and a
+    process pool ignores."""
+    from prefect.utilities.templating import apply_values
+
+    if image:
+        monkeypatch.setenv("GPT2_IMAGE", image)
+    else:
+        monkeypatch.delenv("GPT2_IMAGE", raising=False)
+    for name, spec, _ in DEPLOYMENTS:
+        config = apply_values(apply_values(spec, os.environ, remove_notset=False), {}, warn_on_notset=False)
+        variables = config["work_pool"].get("job_variables") or {}
+        assert variables.get("image") == ((image or "") if EXPECTED[name][1] else None)
