@@ -32,8 +32,21 @@ from tasks.train import train as train_task
 
 
 def _finished(config: Config, result: dict) -> bool:
-    """A cached result is only good while its final checkpoint exists."""
-    return bool(result.get("checkpoint")) and result["checkpoint"] == store.latest_checkpoint(config)
+    """A cached result is only good while its final checkpoint exists and
+    verifies (every file against its marker's sha256, as evaluate and export
+    will): otherwise the trainer runs again, resumes from the newest
+    checkpoint that verifies and rewrites the damaged steps, or says that none
+    does."""
+    url = result.get("checkpoint")
+    if not url or url != store.latest_checkpoint(config):
+        return False
+    try:
+        store.verify_checkpoint(url)
+    except store.CheckpointError as err:
+        get_run_logger().warning("the finished run's final checkpoint is damaged (%s): training again from the "
+                                 "newest checkpoint that verifies", err)
+        return False
+    return True
 
 
 def _start_over(config: Config) -> None:

@@ -79,3 +79,32 @@ def test_fresh_never_deletes_what_a_live_trainer_holds(stage):
     finally:
         other.release()
     assert store.latest_checkpoint(config) == first["checkpoint"]  # nothing deleted
+
+
+def _flip_a_byte(checkpoint: str, name: str = "model.safetensors") -> None:
+    from gpt2 import storage
+
+    path = storage.local_path(storage.join(checkpoint, name))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the sha256 in the marker tells
+    path.write_bytes(bytes(data))
+
+
+def test_a_rerun_over_damaged_final_weights_retrains_them_instead_of_answering_cached(stage):
+    config, args = stage
+    first = train_flow(**args)
+    _flip_a_byte(first["checkpoint"])
+    with pytest.raises(store.CheckpointError):
+        store.verify_checkpoint(first["checkpoint"])  # what evaluate and export would refuse
+
+    again = train_flow(**args)
+    assert not again["cached"] and again["resumed_from_step"] < first["steps"] == again["steps"]
+    assert again["checkpoint"] == first["checkpoint"]
+    store.verify_checkpoint(again["checkpoint"])  # repaired: the same step, rewritten
+    assert again["final_val_loss"] == first["final_val_loss"]
+
+    # Nothing left that verifies: the rerun fails naming the damage, never "cached".
+    for url in store.complete_checkpoints(config):
+        _flip_a_byte(url)
+    with pytest.raises(Exception, match="verifies"):
+        train_flow(**args)
