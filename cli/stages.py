@@ -76,7 +76,20 @@ def train(
     summary = f"{'cached' if result.get('cached') else 'trained'}: {result['run_name']} at step {result['steps']}"
     if val is not None:
         summary += f", val loss {val:.4f}"
-    emit(result, as_json, f"{summary}\ncheckpoint: {result['checkpoint']}")
+    emit(result, as_json, f"{summary}\ncheckpoint: {result['checkpoint']}\n{describe_bill(result.get('bill'))}")
+
+
+def describe_bill(bill: dict[str, Any] | None) -> str:
+    """One line of the bill (gpt2.bill; the README says what each figure means)."""
+    if not bill:
+        return "bill: (not recorded)"
+    cost = f"{bill['cost']:,.2f}" if bill.get("cost") is not None else "no runtime.price_per_hour"
+    line = (f"bill: {bill['attempts']} attempt(s), {bill['device_hours']:,.3f} device-hours, "
+            f"{bill['steps_redone']} steps redone ({bill['device_hours_redone']:,.3f} device-hours), "
+            f"{bill['startup_s']:,.0f} s start-up, cost {cost}")
+    if "cpu_hours" in bill:
+        line += f"; CPU stages {bill['cpu_hours']:,.3f} h"
+    return line
 
 
 def evaluate(
@@ -141,8 +154,8 @@ def where_things_are(config, result: dict[str, Any]) -> str:
     hs = result.get("hellaswag") or {}
     cached = ", ".join(result["cached_stages"]) or "none"
     uri = redact(default_tracking_uri(config))
-    ui = (f"mlflow ui --backend-store-uri {uri}  # then open http://127.0.0.1:5000"
-          if uri.startswith("sqlite:") else uri)
+    link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking.ui_link)
+    ui = f"mlflow ui --backend-store-uri {uri}  # then open {link}" if uri.startswith("sqlite:") else link
     lines = [
         f"pipeline finished (cached stages: {cached})",
         f"  final val loss:   {result['final_val_loss']}",
@@ -154,5 +167,6 @@ def where_things_are(config, result: dict[str, Any]) -> str:
         f"  MLflow run:       {result['mlflow_run_id']} (registered model {result['registered_model']} "
         f"v{result['model_version']})",
         f"  MLflow UI:        {ui}",
+        f"  {describe_bill(result.get('bill'))}",
     ]
     return "\n".join(lines)

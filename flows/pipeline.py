@@ -21,11 +21,11 @@ from prefect.runtime import deployment, flow_run
 
 from flows.entry import flow_main
 from flows.stages import run_stage_deployment, stage_overrides
-from gpt2 import layout, storage
+from gpt2 import bill, layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
 from gpt2.steps import EPOCH, with_resolved_steps
-from gpt2.tracking import Tracker
+from gpt2.tracking import Tracker, ui_link
 from tasks.tracking import stage_run
 
 STAGES = ("data", "train", "evaluate", "export")
@@ -102,6 +102,16 @@ def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> 
     }
 
 
+def pipeline_bill(config: Config, results: dict[str, dict[str, Any]], seconds: dict[str, float]) -> dict[str, Any]:
+    """What this pipeline run spent (gpt2.bill): the training run's bill when it
+    trained here, evaluate on one GPU, data and export on the CPU machine; a
+    cached stage ran nothing and adds nothing."""
+    hours = {s: bill.stage_hours(seconds[s], bool(results[s].get("cached"))) for s in STAGES}
+    train = None if results["train"].get("cached") else results["train"].get("bill")
+    return bill.pipeline_bill(train, hours["data"] + hours["export"], hours["evaluate"],
+                              config.runtime.price_per_hour, config.runtime.cpu_price_per_hour)
+
+
 @flow(name="gpt2", log_prints=False)
 def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole pipeline for a preset plus dotted-key overrides (e.g.
@@ -111,11 +121,12 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     logger = get_run_logger()
     params = {"preset": preset, "overrides": overrides}
     results: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {}
     with parent_tracker(config, preset) as parent:
         for stage in STAGES:
             started = time.perf_counter()
             results[stage] = _run_stage(stage, config, params, parent.run_id)
-            took = time.perf_counter() - started
+            took = seconds[stage] = time.perf_counter() - started
             logger.info("stage %s %s in %.1f s", stage, "cached" if results[stage].get("cached") else "done", took)
             parent.log_metrics({f"stage_seconds/{stage}": took}, step=0)
             if stage == "data":
@@ -123,6 +134,9 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
                 # Logged once the step count is known (MLflow never changes a param's value).
                 parent.log_params(config.model_dump(mode="json"))
         summary = summarize(results, parent.run_id)
+        summary["bill"] = pipeline_bill(config, results, seconds)
+        summary["mlflow_url"] = ui_link(parent.uri, parent.experiment_id, parent.run_id)
+        parent.log_metrics(bill.metrics(summary["bill"], bill.PIPELINE_METRICS), step=0)
         metrics = {"final_val_loss": summary["final_val_loss"]}
         metrics.update({f"hellaswag/{k}": v for k, v in (summary["hellaswag"] or {}).items()
                         if isinstance(v, (int, float))})

@@ -48,6 +48,34 @@ def default_tracking_uri(config: Config) -> str:
     return f"sqlite:///{layout.mlflow_db(config)}"
 
 
+def ui_link(uri: str, experiment_id: str | None, run_id: str | None = None) -> str:
+    """Where a person opens the experiment's runs table (or one run) in the MLflow UI.
+    MLflow 3.17's UI opens a fresh browser on its GenAI view, where a training run
+    is not found at a glance; `#/experiments/<id>/runs` opens the runs table. A
+    SQLite store is served by `mlflow ui` at its default address."""
+    base = "http://127.0.0.1:5000" if uri.startswith("sqlite:") else redact(uri).rstrip("/")
+    if not base.startswith(("http://", "https://")) or experiment_id is None:
+        return base
+    return f"{base}/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+
+
+def ensure_experiment(client: Any, name: str, artifact_location: str) -> str:
+    """The id of experiment `name`, created (tagged for the runs view) if missing."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an earlier release, or by hand
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location,
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    except Exception:  # noqa: BLE001 - another process created it first
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 def artifact_location(config: Config) -> str:
     """Experiment artifacts live under the artifact root (not ./mlruns in the
     cwd) when MLflow can write there; roots it has no store for use the work dir."""
@@ -93,6 +121,8 @@ class Tracker:
         if parent_run_id:
             self._tags["mlflow.parentRunId"] = parent_run_id
         self._resumed, self._ready, self._client, self._monitor = run_id is not None, False, None, None
+        self.experiment_id: str | None = None
+        """Known once MLflow was reached (for links: ui_link)."""
         self._system_metrics, self._close_timeout = system_metrics, close_timeout_s
         self._outbox: Outbox | None = None
         self._spool: Path | None = None
@@ -187,6 +217,9 @@ class Tracker:
         if self.run_id is None:
             run = client.create_run(self._experiment_id(client), run_name=self.run_name, tags=self._tags)
             self.run_id = run.info.run_id
+        else:
+            run = client.get_run(self.run_id)
+        self.experiment_id = run.info.experiment_id
         self._ready = True
         log.info("MLflow run %s (%s) at %s", self.run_id, "resumed" if self._resumed else "new", self.safe_uri)
         self._start_monitor()
@@ -206,19 +239,7 @@ class Tracker:
         return True
 
     def _experiment_id(self, client: Any) -> str:
-        exp = client.get_experiment_by_name(self._experiment)
-        if exp is not None:
-            if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an earlier release, or by hand
-                client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-            return exp.experiment_id
-        try:
-            return client.create_experiment(self._experiment, artifact_location=self._artifacts,
-                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-        except Exception:  # noqa: BLE001 - another process created it first
-            exp = client.get_experiment_by_name(self._experiment)
-            if exp is None:
-                raise
-            return exp.experiment_id
+        return ensure_experiment(client, self._experiment, self._artifacts)
 
     def _send_tags(self, client: Any, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag

@@ -55,6 +55,26 @@ def _warn_shell_overrides(api_url: str, auth: str | None) -> None:
             _say(f"note: {name} is set in this shell and wins over the profile; unset it to reach the stack")
 
 
+def _runs_page(mlflow_url: str, root: str) -> str:
+    """The experiment's runs table on the stack's MLflow (the experiment is made
+    now if new, as the stages would make it), so a fresh browser opens on the
+    training runs rather than MLflow's GenAI view; the bare URL if that fails."""
+    from gpt2 import layout
+    from gpt2.config import Config, RuntimeConfig
+    from gpt2.tracking import ensure_experiment, ui_link
+
+    config = Config(runtime=RuntimeConfig(root=root))
+    try:
+        from mlflow import MlflowClient
+
+        experiment = ensure_experiment(MlflowClient(tracking_uri=mlflow_url), config.tracking.experiment,
+                                       layout.mlflow_artifacts(config))
+    except Exception as err:  # noqa: BLE001 - only the link is at stake
+        _say(f"note: could not look up the MLflow experiment ({err}); open the runs from its home page")
+        return mlflow_url
+    return ui_link(mlflow_url, experiment)
+
+
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
        zombie_after_s: int = ZombieOpt, as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
@@ -66,11 +86,12 @@ def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, m
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = services.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
+    result["mlflow_runs_url"] = _runs_page(result["mlflow_url"], result["root"]) if result["mlflow_url"] else None
     _warn_shell_overrides(result["prefect_api_url"], services.read_auth(_state_dir(state_dir)))
     emit(result, as_json, "\n".join([
         f"Prefect UI:  {result['prefect_ui_url']}   (profile {result['profile']} is now active)",
         f"login:       the auth string in {result['prefect_auth_file']}",
-        f"MLflow UI:   {result['mlflow_url']}",
+        f"MLflow UI:   {result['mlflow_runs_url']}",
         f"artifacts:   {result['root']}",
         f"logs:        {Path(result['state_dir']) / 'logs'}",
         "next:        prefect deployment run gpt2/full-pipeline",

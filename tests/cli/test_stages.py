@@ -35,6 +35,7 @@ def test_cli_json_result(tmp_path, prefect_server):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert KEYS <= set(result)
     assert result["steps"] == 2 and result["resumed_from_step"] == 0
+    assert result["bill"]["attempts"] == 1 and result["bill"]["device_hours"] > 0
     assert isinstance(result["final_val_loss"], float) and result["checkpoint"].endswith("step_000002")
     # Full precision: exactly the number the checkpoint recorded.
     assert storage.read_json(storage.join(result["checkpoint"], "state.json"))["val_loss"] == result["final_val_loss"]
@@ -76,3 +77,6 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads(again.stdout.strip().splitlines()[-1])
     assert result["resumed_from_step"] == stopped_at and result["steps"] == 400
+    # Both attempts are on the bill: the preempted one and the one that finished.
+    assert result["bill"]["attempts"] == 2 and result["bill"]["ends"] == {"preempted": 1, "done": 1}
+    assert result["bill"]["steps_redone"] == 0  # the SIGTERM's checkpoint kept every step

@@ -74,7 +74,9 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
 
     needles, key_file = planted_secrets
     root, work = tmp_path / "root", tmp_path / "work"
-    overrides = {"runtime.root": str(root), "runtime.work_dir": str(work)}
+    price, cpu_price = 3.0, 0.5  # runtime settings: they price the bill and never change a cache key
+    overrides = {"runtime.root": str(root), "runtime.work_dir": str(work), "runtime.price_per_hour": price,
+                 "runtime.cpu_price_per_hour": cpu_price}
     tracking_env = os.environ.get("MLFLOW_TRACKING_URI")
     result = pipeline_flow("smoke", overrides)
     # Registering the model goes through mlflow's global state: it must not
@@ -95,12 +97,24 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     for stage, run_id in result["stage_mlflow_run_ids"].items():
         assert run_id, stage
         assert client.get_run(run_id).data.tags.get("mlflow.parentRunId") == parent.info.run_id, stage
+    assert result["mlflow_url"].endswith(f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}")
+
+    # The bill: the training run's on its own MLflow run, the stages added up on the parent's.
+    bill = result["bill"]
+    assert bill["attempts"] == 1 and bill["steps_redone"] == 0
+    assert bill["device_hours"] > 0 and bill["cpu_hours"] > 0
+    assert bill["cost"] == pytest.approx(price * bill["device_hours"] + cpu_price * bill["cpu_hours"])
+    assert parent.data.metrics["bill/cost"] == pytest.approx(bill["cost"])
+    trained = client.get_run(result["stage_mlflow_run_ids"]["train"]).data.metrics
+    assert trained["bill/attempts"] == 1 and trained["bill/device_hours"] > 0
+    assert trained["bill/cost"] == pytest.approx(price * trained["bill/device_hours"])
 
     # A rerun does no work: every stage comes back cached, with the same answers.
     again = pipeline_flow("smoke", overrides)
     assert again["cached_stages"] == ["data", "train", "evaluate", "export"]
     assert again["final_val_loss"] == result["final_val_loss"]
     assert again["hf_dir"] == result["hf_dir"]
+    assert again["bill"]["attempts"] == 0 and again["bill"]["cost"] == 0  # a cached stage ran nothing
 
     # Nothing the runs wrote holds a planted credential: files under the root
     # and work dir (MLflow's database and artifacts included), Prefect's flow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlflow import MlflowClient
 
-from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, flatten, metric_name
+from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, flatten, metric_name, ui_link
 from tests.gpt2.train.fixtures import tiny_config
 
 
@@ -95,6 +95,22 @@ def test_the_experiment_opens_on_its_training_runs(tmp_path):
         pass
     exp = MlflowClient(default_tracking_uri(config)).get_experiment_by_name(config.tracking.experiment)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_links_open_the_runs_table_or_the_run_itself(tmp_path):
+    config = tiny_config(tmp_path)
+    with Tracker(config, "run-l") as t:
+        t.flush(timeout=30)
+    run = MlflowClient(default_tracking_uri(config)).get_run(t.run_id)
+    assert t.experiment_id == run.info.experiment_id
+    # A SQLite store: where `mlflow ui` serves it; a server: its own address, never its password.
+    assert ui_link(t.uri, t.experiment_id, t.run_id) == (
+        f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{t.run_id}")
+    server = "https://user:secret@mlflow.example.com/"
+    assert ui_link(server, t.experiment_id) == f"https://user:***@mlflow.example.com/#/experiments/{t.experiment_id}/runs"
+    with Tracker(config, "run-l", run_id=t.run_id) as again:  # a reopened run knows its experiment too
+        again.flush(timeout=30)
+    assert again.experiment_id == t.experiment_id
 
 
 def test_messages_show_the_tracking_uri_redacted(tmp_path, monkeypatch):
