@@ -8,6 +8,9 @@ instead of starting a second one; a finished one is replaced. The objects
 are owned by the flow's pod: when that pod goes (a cancellation, its machine
 reclaimed), Kubernetes deletes them and every node gets SIGTERM, so they
 checkpoint and stop; a flow process that is stopped deletes them itself too.
+An attempt that re-attaches makes its own pod their owner, so the earlier
+attempt's pod being deleted later does not take the running Job with it; a
+Job that vanishes while it is watched (deleted by anyone) is a lost node.
 
 The flow's pod needs RBAC to get pods and to create, get and delete Jobs,
 Services and ConfigMaps in its namespace (deployments/README.md).
@@ -73,6 +76,18 @@ async def _existing_job(batch, name: str, namespace: str):
         raise
 
 
+async def _adopt(batch, core, name: str, namespace: str, pod: dict) -> None:
+    """Make `pod` the only owner of the run's objects (a JSON patch replaces
+    the list): Kubernetes deletes an object once its owners are gone, and the
+    earlier attempt's pod may be deleted while this one waits on the Job."""
+    owners = k8s_template.owned_by(pod)
+    if owners is None:
+        return
+    patch = [{"op": "replace", "path": "/metadata/ownerReferences", "value": owners}]
+    for call in (batch.patch_namespaced_job, core.patch_namespaced_service, core.patch_namespaced_config_map):
+        await call(name, namespace, patch)
+
+
 async def _gone(batch, name: str, namespace: str) -> None:
     while await _existing_job(batch, name, namespace) is not None:
         await asyncio.sleep(2)
@@ -86,16 +101,19 @@ async def _start(config: Config, batch, core, api, name: str, namespace: str, np
         emit(f"training Job {name} of an earlier attempt is being deleted: waiting for it to go")
         await _gone(batch, name, namespace)
         job = None
+    pod = await _own_pod(core, api, namespace)
     if job is not None and not k8s_status.job_state(job).final:
-        emit(f"training Job {name} is already running: waiting for it")
+        emit(f"training Job {name} is already running: waiting for it (now owned by this attempt's pod)")
+        await _adopt(batch, core, name, namespace, pod)
         return
     if job is not None:
         emit(f"replacing the finished training Job {name} ({k8s_status.job_state(job).reason})")
         await _delete(batch, core, name, namespace)
         await _gone(batch, name, namespace)
     k8s_status.clear_outcomes(config, name)
-    pod = await _own_pod(core, api, namespace)
-    objects = k8s_template.render(k8s_template.values(config, name, namespace, pod, nproc, parent_run_id, tags))
+    limits = await _own_job_limits(batch, pod, namespace)
+    objects = k8s_template.render(k8s_template.values(config, name, namespace, pod, nproc, parent_run_id, tags,
+                                                      **limits))
     creators = {"ConfigMap": core.create_namespaced_config_map, "Service": core.create_namespaced_service,
                 "Job": batch.create_namespaced_job}
     for obj in objects:
@@ -104,10 +122,25 @@ async def _start(config: Config, batch, core, api, name: str, namespace: str, np
          f"{k8s_template.rdzv_endpoint(name)}")
 
 
+async def _own_job_limits(batch, pod: dict, namespace: str) -> dict:
+    """The flow pod's own Job's activeDeadlineSeconds (the pool's maximum run
+    time per attempt), for the nodes' Job: {} when the pod has no Job."""
+    owner = next((o for o in pod.get("metadata", {}).get("ownerReferences") or [] if o.get("kind") == "Job"), None)
+    if owner is None:
+        return {}
+    job = await _existing_job(batch, owner["name"], namespace)
+    return {"active_deadline_seconds": job.spec.active_deadline_seconds} if job is not None else {}
+
+
 async def _wait(batch, name: str, namespace: str, emit: Callable[[str], None], poll_s: float):
     said = None
     while True:
-        job = await batch.read_namespaced_job_status(name, namespace)
+        job = await _existing_job(batch, name, namespace)
+        if job is None:
+            # Its pods went with it: the nodes that recorded nothing are lost (k8s_status.outcome).
+            state = k8s_status.JobState(final=True, succeeded=False, reason="the Job was deleted while it ran")
+            emit(f"training Job {name}: {state.reason}")
+            return state
         state = k8s_status.job_state(job)
         if state.reason != said:
             emit(f"training Job {name}: {state.reason}")

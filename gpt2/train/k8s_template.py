@@ -26,6 +26,10 @@ from gpt2.errors import UserError
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deployments" / "multinode" / "training-job.yaml"
 RDZV_PORT = 29500
+FINISHED_TTL_S = 3600
+"""A finished Job is normally deleted by the flow once it has read the nodes'
+records (under the root); this removes one the flow never came back to (its
+pod failed, and a failed pod is not deleted, so its dependents stay)."""
 KINDS = {"ConfigMap": "V1ConfigMap", "Service": "V1Service", "Job": "V1Job"}
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 # The single-node pod's environment, minus what belongs to its own flow run.
@@ -60,10 +64,12 @@ def _resources(source: dict, gpus: int) -> dict:
 
 
 def values(config: Config, name: str, namespace: str, pod: dict, nproc: int, parent_run_id: str | None,
-           tags: dict | None) -> dict[str, Any]:
+           tags: dict | None, active_deadline_seconds: int | None = None) -> dict[str, Any]:
     """The template's values: `pod` is the flow's own pod (a dict in the API's
     camelCase), whose image, environment, secrets, scheduling and grace period
-    every node gets; its config is `config` with the rendezvous at pod 0."""
+    every node gets; its config is `config` with the rendezvous at pod 0.
+    `active_deadline_seconds`: the flow's own Job's (the pool's maximum run
+    time per attempt), None for none."""
     spec = pod["spec"]
     container = spec["containers"][0]
     runtime = config.runtime.model_copy(update={"rdzv_endpoint": rdzv_endpoint(name), "nproc_per_node": nproc})
@@ -79,11 +85,19 @@ def values(config: Config, name: str, namespace: str, pod: dict, nproc: int, par
         "termination_grace_period_seconds": spec.get("terminationGracePeriodSeconds"),
         "run_json": json.dumps(trainer_config.model_dump(mode="json")),
         "launch_json": json.dumps({"parent_run_id": parent_run_id, "tags": tags or {}}),
-        "owner_references": _owned_by(pod),
+        "owner_references": owned_by(pod),
+        "active_deadline_seconds": active_deadline_seconds, "finished_ttl_seconds": FINISHED_TTL_S,
+        "work_dir_size": _work_dir_size(spec),
     }
 
 
-def _owned_by(pod: dict) -> list[dict] | None:
+def _work_dir_size(spec: dict) -> str | None:
+    """The size limit of the flow pod's work-dir emptyDir (the pool's work_dir_size)."""
+    work = next((v for v in spec.get("volumes") or [] if v.get("name") == "work"), None)
+    return ((work or {}).get("emptyDir") or {}).get("sizeLimit")
+
+
+def owned_by(pod: dict) -> list[dict] | None:
     """The flow's pod as the owner (None for a pod description without a uid)."""
     meta = pod.get("metadata") or {}
     if not meta.get("uid"):

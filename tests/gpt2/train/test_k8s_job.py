@@ -98,6 +98,25 @@ def test_every_object_is_what_kubernetes_takes_and_what_the_pods_need(tmp_path):
                                                                "tags": {"stage": "train"}}
 
 
+def test_the_nodes_job_is_bounded_in_time_and_disk_like_the_flows_pod(tmp_path):
+    config = tiny_config("gs://bucket/runs", **{"runtime.nnodes": 2, "runtime.work_dir": str(tmp_path)})
+    name = k8s_template.job_name(config, "flow-run-1")
+    size = POOL["variables"]["properties"]["work_dir_size"]["default"]
+    deadline = POOL["variables"]["properties"]["active_deadline_seconds"]["default"]
+    pod = {**FLOW_POD, "spec": {**FLOW_POD["spec"], "volumes": [{"name": "work", "emptyDir": {"sizeLimit": size}}]}}
+    vals = k8s_template.values(config, name, "training", pod, 8, None, None, active_deadline_seconds=deadline)
+    job = k8s_template.models(k8s_template.render(vals))[-1]
+    assert job.spec.active_deadline_seconds == deadline
+    assert job.spec.ttl_seconds_after_finished == k8s_template.FINISHED_TTL_S
+    work = next(v for v in job.spec.template.spec.volumes if v.name == "work")
+    assert work.empty_dir.size_limit == size
+    # Without a deadline or a work-dir limit on the flow's pod, none is invented.
+    bare = k8s_template.models(k8s_template.render(k8s_template.values(config, name, "training", FLOW_POD, 8,
+                                                                       None, None)))[-1]
+    assert bare.spec.active_deadline_seconds is None
+    assert next(v for v in bare.spec.template.spec.volumes if v.name == "work").empty_dir.size_limit is None
+
+
 def test_a_field_kubernetes_does_not_know_or_a_missing_value_is_refused(tmp_path):
     text = k8s_template.TEMPLATE.read_text()
     bad = tmp_path / "bad.yaml"
@@ -208,9 +227,10 @@ def test_the_role_grants_every_call_the_flow_makes():
     granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
     plural = {"pod": "pods", "job": "jobs", "job_status": "jobs/status", "service": "services",
               "config_map": "configmaps"}
-    verb = {"read": "get", "create": "create", "delete": "delete"}
-    calls = set(re.findall(r"\b(read|create|delete)_namespaced_(\w+)", Path(k8s_run.__file__).read_text()))
-    assert len(calls) == 8  # the pod read; jobs read (status), created, deleted; services, configmaps too
+    verb = {"read": "get", "create": "create", "delete": "delete", "patch": "patch"}
+    calls = set(re.findall(r"\b(read|create|delete|patch)_namespaced_(\w+)", Path(k8s_run.__file__).read_text()))
+    # the pod read; jobs read (status), created, deleted, patched (owner); services, configmaps too
+    assert len(calls) == 11
     assert {(plural[r], verb[v]) for v, r in calls} <= granted
 
 
