@@ -12,6 +12,7 @@
     loop.py         steps, validation, samples, checkpoints, metrics
     step.py         one optimizer step, a validation pass, the micro-batch search
     optim.py        AdamW groups and the learning-rate schedule
+    optim_share.py  this rank's share of the optimizer state, as a checkpoint stores it
     distributed.py  device and process group, from torchrun's environment
     parallel.py     DDP as built for training: gradients in its buckets, bucket size
     memory.py       memory limits, what counts as an OOM, a step's steady-state memory

@@ -131,6 +131,20 @@ def test_each_rank_writes_its_share_and_any_setting_loads_the_whole(tmp_path, wo
     _assert_same_state(fresh.state_dict(), _reference_state(config))
 
 
+def test_the_exports_come_from_a_checkpoint_written_in_shares(tmp_path):
+    from gpt2.checkpoint.ref import resolve_checkpoint
+    from gpt2.export.writer import build_local
+
+    assert _run(2, tmp_path, shard=True) == {0: (None, True), 1: (None, True)}
+    config = tiny_config(tmp_path)
+    ref = resolve_checkpoint(config)
+    files = build_local(ref, tmp_path / "export")
+    assert "hf/model.safetensors" in files and any(n.startswith("llmc/") and n.endswith(".bin") for n in files)
+    trained = _trained(config, shard=False)[0].state_dict()
+    loaded = store.load_model(ref.url)[0].state_dict()
+    assert all(torch.equal(trained[k], loaded[k]) for k in trained)
+
+
 def test_a_checkpoint_in_the_layout_before_shares_loads_into_zero_on_two_ranks(tmp_path):
     """Written as releases before shares did (one optimizer.pt with the whole
     state, the marker naming the four files), it resumes under ZeRO-1."""
