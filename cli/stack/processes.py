@@ -82,8 +82,13 @@ def _signal(procs: list[psutil.Process], sig: int) -> None:
             pass
 
 
-def stop(rec: dict[str, Any], timeout: float = 20.0) -> None:
-    """SIGTERM the service and everything it started, SIGKILL what is left after `timeout`."""
+STOP_S = 20.0
+"""How long a server (Prefect, MLflow) gets between SIGTERM and SIGKILL."""
+
+
+def stop(rec: dict[str, Any], timeout: float = STOP_S) -> None:
+    """SIGTERM the service and everything it started, SIGKILL what is left
+    after `timeout` (returns as soon as all of it has exited)."""
     leader = _process(rec)
     if leader is None:
         return

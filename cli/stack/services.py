@@ -256,15 +256,32 @@ def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int], say: Cal
     _write_state(state_dir, state)
 
 
+WORKER_STOP_MARGIN_S = 15.0
+"""Beyond the trainer's window: the flow run's own teardown (its final state, logs)."""
+
+
+def stop_timeout(name: str) -> float:
+    """How long `down` waits between SIGTERM and SIGKILL: a worker's flow runs
+    may be training, and a trainer told to stop gets the launcher's whole window
+    for its checkpoint (gpt2.train.preemption.kill_window on a process pool);
+    a SIGKILL before it ends loses the steps since the last periodic one."""
+    if not name.startswith("worker"):
+        return processes.STOP_S
+    from gpt2.train.preemption import kill_window  # imports the launcher (torch): only when stopping
+
+    return kill_window(distributed=False, pool="process")[0] + WORKER_STOP_MARGIN_S
+
+
 def down(state_dir: Path) -> dict[str, Any]:
-    """Stop every recorded process (workers first) and restore the previous profile."""
+    """Stop every recorded process (workers first, each given its flow runs'
+    checkpoint window) and restore the previous profile."""
     state = read_state(state_dir)
     if state is None:
         return {"stopped": []}
     stopped = []
     for rec in sorted(state["processes"], key=lambda p: not p["name"].startswith("worker")):
         if processes.alive(rec):
-            processes.stop(rec)
+            processes.stop(rec, stop_timeout(rec["name"]))
             stopped.append(rec["name"])
     prefect_setup.restore_profile(state.get("previous_profile"))
     (state_dir / STATE_FILE).unlink()
