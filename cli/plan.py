@@ -3,6 +3,7 @@
     gpt2 plan --preset gpt2-124m --gpu H100 --gpus 8 --price-per-hour 25
     gpt2 plan --preset gpt2-124m --gpu A100-40GB --set train.max_steps=5000 --json
     gpt2 plan --preset gpt2-1558m --gpu H100 --gpus 8     # which memory savers it needs
+    gpt2 plan --run fineweb-edu-10B-1a2b3c4d5e6f --gpu H100 --gpus 8   # the estimate beside what the run measured
 """
 
 from __future__ import annotations
@@ -20,16 +21,22 @@ def plan(
     root: Optional[str] = RootOpt,
     gpu: str = typer.Option("H100", "--gpu", help="GPU model, e.g. H100, H200, A100-40GB, A100-80GB, L4, L40S."),
     gpus: Optional[int] = typer.Option(
-        None, "--gpus", help="GPUs training together (default: runtime.nproc_per_node when a number, else 1)."),
+        None, "--gpus", help="GPUs training together (default: runtime.nproc_per_node when a number, else 1; "
+        "with --run, the devices the run trained on)."),
     price: Optional[float] = typer.Option(
         None, "--price-per-hour", help="Price of the whole machine per hour; without it the cost is not given."),
     mfu: Optional[float] = typer.Option(None, "--mfu", help="Assumed model FLOPs utilization (default 0.4)."),
     list_source: bool = typer.Option(
         False, "--list-source", help="List a remote data.source to size it (network, credentials); "
         "by default a remote source's size is estimated from the tokens trained."),
+    run: Optional[str] = typer.Option(
+        None, "--run", help="A trained run (its name under the root's runs/, or its directory URL): plan with its "
+        "settings and print what it measured beside the estimate. Without it, the preset's own run is shown "
+        "beside the plan once it has trained."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
+    from gpt2 import plan_actual
     from gpt2.errors import UserError
     from gpt2.plan import ASSUMED_MFU, make_plan
 
@@ -37,10 +44,17 @@ def plan(
     nproc = config.runtime.nproc_per_node
     count = gpus if gpus is not None else (nproc if isinstance(nproc, int) else 1)
     try:
+        if run:
+            config = plan_actual.run_config(config, run)
+            count = gpus or plan_actual.devices_of(config, run) or count
         result = make_plan(config, gpu, count, price, ASSUMED_MFU if mfu is None else mfu, list_source)
+        result["actual"] = plan_actual.compare(config, result, run, plan_actual.price_per_device(config, price, count))
     except UserError as err:
         fail(str(err))
-    emit(result, as_json, describe(result))
+    text = describe(result)
+    if result["actual"] is not None:
+        text += "\n" + plan_actual.describe(result["actual"], result["steps"])
+    emit(result, as_json, text)
 
 
 def _gb(n: float) -> str:
