@@ -5,6 +5,7 @@ Prefect server, an MLflow server, and one process worker per work pool.
     prefect deployment run gpt2/full-pipeline
     gpt2 stack status --json                   # exit 1 unless every part is healthy
     gpt2 stack down
+    gpt2 stack automations --max-reschedules 5   # (re)apply the automations to any server, idempotently
 
 `up` switches the Prefect profile to `gpt2-local` so that `prefect` commands
 talk to this server with its auth string (a PREFECT_API_URL or
@@ -123,6 +124,25 @@ def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> 
         raise typer.Exit(1)
 
 
+def automations(max_reschedules: int = ReschedulesOpt, zombie_after_s: int = ZombieOpt,
+                as_json: bool = JsonOpt) -> None:
+    """Apply deployments/automations/ to the Prefect server of the active profile
+    (a cluster's, or the stack's), replacing automations of the same names: safe
+    to run again, unlike `prefect automation create`."""
+    from prefect.client.orchestration import get_client
+
+    from cli.stack.prefect_setup import replace_automations
+
+    try:
+        with get_client(sync_client=True) as c:
+            names = replace_automations(c, max_reschedules, zombie_after_s)
+            url = str(c.api_url)
+    except Exception as err:  # noqa: BLE001 - an unreachable or refusing server, said plainly
+        fail(f"could not apply the automations: {err}")
+    emit({"automations": names, "prefect_api_url": url}, as_json, f"applied to {url}: {', '.join(names)}")
+
+
 app.command("up")(up)
+app.command("automations")(automations)
 app.command("down")(down)
 app.command("status")(status)

@@ -180,3 +180,25 @@ def test_real_server_cancels_a_run_put_back_beyond_the_cap(prefect_server):
             assert (after.state.type, after.run_count) == (StateType.CANCELLED, 2)
         finally:
             client.delete_automation(automation_id)
+
+
+def test_applying_the_automations_twice_leaves_one_of_each(prefect_server):
+    """`gpt2 stack automations` against the active profile's server (here the
+    test server): idempotent, with the cap it is given."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    for _ in range(2):
+        result = CliRunner().invoke(app, ["stack", "automations", "--max-reschedules", "5", "--json"])
+        assert result.exit_code == 0, result.output
+    names = json.loads(result.stdout)["automations"]
+    assert set(names) == set(_specs())
+    with get_client(sync_client=True) as client:
+        for name in names:
+            [applied] = client.read_automations_by_name(name)
+            if name == RESCHEDULE:
+                assert applied.trigger.match["prefect.run-count"] == deployment_file.run_counts(5)
+            client.delete_automation(applied.id)
