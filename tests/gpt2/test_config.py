@@ -67,6 +67,7 @@ def test_runtime_never_enters_identity():
     b = resolve_config(
         "smoke",
         {"runtime.num_workers": 7, "runtime.device": "cuda", "runtime.work_dir": "/elsewhere",
+         "runtime.price_per_hour": 2.5, "runtime.cpu_price_per_hour": 0.1, "runtime.heartbeat_s": 5,
          "eval.limit": 5, "export.alias": "x"},
         root="gs://other/bucket",
     )
