@@ -18,6 +18,7 @@
     memory.py       memory limits, what counts as an OOM, a step's steady-state memory
     throughput.py   tokens/s and MFU
     progress.py     per-step progress records and the progress bar
+    attempts.py     each training attempt's record in the run directory (gpt2.bill's input)
     report.py       loss curve and text samples
 
 Submodules are imported explicitly (`from gpt2.train.run import train`): the
