@@ -185,6 +185,11 @@ class RuntimeConfig(_Section):
     join_timeout, and read_timeout: how long a node waits for the node that serves
     it). Nodes of a cold cluster (autoscaled Spot GPU nodes pulling a multi-GB
     image) start minutes apart, so the default is 30 minutes."""
+    node_gpu_type: str | None = None
+    """GPU of a multi-node run's training pods on Kubernetes (the GKE accelerator
+    label cloud.google.com/gke-accelerator of their node selector, e.g.
+    nvidia-h100-80gb); None: the flow pod's. The flow pod only coordinates: give
+    it gpu_count=0 and set runtime.nproc_per_node to the nodes' GPUs."""
     pool: Literal["auto", "process", "kubernetes", "gke-spot", "gke-autopilot-spot", "vertex"] = "auto"
     """Where training runs, for the time a SIGTERM (preemption) leaves the trainer to
     write its checkpoint (gpt2.train.preemption.kill_window): `kubernetes` min(30 s,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2.config import Config
+from gpt2.errors import UserError
 from gpt2.train import k8s_status, k8s_template
 from gpt2.train.run import TrainResult
 
@@ -166,6 +167,14 @@ async def _run(config: Config, nproc: int, parent_run_id: str | None, tags: dict
         result = k8s_status.outcome(name, state, k8s_status.read_outcomes(config, name))
         await _delete(batch, core, name, namespace)
         return result
+
+
+def check_node_gpus(config: Config, flow_pod_gpus: int) -> None:
+    """A coordinating pod without GPUs cannot say how many the nodes get."""
+    if config.runtime.nproc_per_node == "auto" and flow_pod_gpus == 0:
+        raise UserError(
+            f"runtime.nnodes={config.runtime.nnodes} from a pod without GPUs (gpu_count=0, only coordinating) "
+            "needs runtime.nproc_per_node set to each training pod's GPUs (auto would count this pod's, none)")
 
 
 def kubernetes_train(config: Config, nproc: int, log_line: Callable[[str], None] | None = None,

@@ -80,7 +80,7 @@ def values(config: Config, name: str, namespace: str, pod: dict, nproc: int, par
         "image": container["image"], "image_pull_policy": container.get("imagePullPolicy"),
         "service_account_name": spec.get("serviceAccountName"),
         "env": _copied_env(container.get("env")), "env_from": container.get("envFrom"),
-        "node_selector": spec.get("nodeSelector"), "tolerations": spec.get("tolerations"),
+        "node_selector": node_selector(config, spec.get("nodeSelector")), "tolerations": spec.get("tolerations"),
         "resources": _resources(container.get("resources") or {}, nproc),
         "termination_grace_period_seconds": spec.get("terminationGracePeriodSeconds"),
         "run_json": json.dumps(trainer_config.model_dump(mode="json")),
@@ -89,6 +89,16 @@ def values(config: Config, name: str, namespace: str, pod: dict, nproc: int, par
         "active_deadline_seconds": active_deadline_seconds, "finished_ttl_seconds": FINISHED_TTL_S,
         "work_dir_size": _work_dir_size(spec),
     }
+
+
+GPU_LABEL = "cloud.google.com/gke-accelerator"
+
+
+def node_selector(config: Config, flow_selector: dict | None) -> dict | None:
+    """The training pods' node selector: the flow pod's (Spot, its pool's
+    labels), with the GPU of runtime.node_gpu_type when it names one."""
+    gpu = config.runtime.node_gpu_type
+    return {**(flow_selector or {}), GPU_LABEL: gpu} if gpu else flow_selector
 
 
 def _work_dir_size(spec: dict) -> str | None:

@@ -223,6 +223,7 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
 
         if k8s_run.in_cluster():  # a pod of the Kubernetes pool: the nodes are the pods of a Job of their own
             multinode.warn_unshared_root(config)
+            k8s_run.check_node_gpus(config, visible_gpus(config.runtime.device))
             return k8s_run.kubernetes_train(config, nproc, log_line, parent_run_id, tags)
     multinode.check(config)
     if isolate or nproc > 1 or config.runtime.nnodes > 1:

@@ -117,6 +117,30 @@ def test_the_nodes_job_is_bounded_in_time_and_disk_like_the_flows_pod(tmp_path):
     assert next(v for v in bare.spec.template.spec.volumes if v.name == "work").empty_dir.size_limit is None
 
 
+def test_training_pods_get_their_own_gpu_and_a_coordinating_pod_needs_none(tmp_path):
+    from prefect.utilities.schema_tools import validate
+
+    from gpt2.errors import UserError
+    from gpt2.train import k8s_run
+
+    gpu = "nvidia-h100-80gb"
+    assert gpu != FLOW_POD["spec"]["nodeSelector"][k8s_template.GPU_LABEL]
+    config = tiny_config("gs://bucket/runs", **{"runtime.nnodes": 2, "runtime.work_dir": str(tmp_path),
+                                                "runtime.node_gpu_type": gpu, "runtime.nproc_per_node": 8})
+    name = k8s_template.job_name(config, "flow-run-1")
+    job = k8s_template.models(k8s_template.render(
+        k8s_template.values(config, name, "training", FLOW_POD, 8, None, None)))[-1]
+    # The flow pod's other labels (Spot) stay; the GPU is the nodes' own.
+    assert job.spec.template.spec.node_selector == {**FLOW_POD["spec"]["nodeSelector"], k8s_template.GPU_LABEL: gpu}
+    # The pool lets the coordinating pod take no GPU; then the nodes' GPU count must be given.
+    validate({"image": "registry.example/gpt2:1", "gpu_count": 0}, POOL["variables"], raise_on_error=True)
+    k8s_run.check_node_gpus(config, 0)
+    auto = tiny_config("gs://bucket/runs", **{"runtime.nnodes": 2, "runtime.work_dir": str(tmp_path)})
+    with pytest.raises(UserError, match="runtime.nproc_per_node"):
+        k8s_run.check_node_gpus(auto, 0)
+    k8s_run.check_node_gpus(auto, 1)
+
+
 def test_a_field_kubernetes_does_not_know_or_a_missing_value_is_refused(tmp_path):
     text = k8s_template.TEMPLATE.read_text()
     bad = tmp_path / "bad.yaml"
