@@ -31,9 +31,8 @@ from typing import Callable
 
 from gpt2 import layout
 from gpt2.config import Config
-from gpt2.train import multinode
+from gpt2.train import multinode, preemption
 from gpt2.train.distributed import resolve_nproc, visible_gpus
-from gpt2.train import preemption
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.run import Preempted, TrainResult, train

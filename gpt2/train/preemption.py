@@ -66,8 +66,6 @@ SIGTERM it forwards and its SIGKILL."""
 POOL_ENV = "GPT2_POOL"
 """Set by the GPU pools' job templates (deployments/pools/) to the pool kind
 below, so `runtime.pool=auto` knows where it runs."""
-GRACE_ENV = "GPT2_TERMINATION_GRACE_S"
-"""Set by the Kubernetes pool's template to the pod's termination grace period."""
 POOLS = ("process", "kubernetes", "gke-spot", "gke-autopilot-spot", "vertex")
 EXECUTE_STOP_S = 30.0
 """`prefect flow-run execute` (what a container pool runs) with the SIGTERM
@@ -92,31 +90,27 @@ def resolve_pool(pool: str = "auto") -> str:
     return resolved
 
 
-def _grace_s() -> float | None:
-    value = os.environ.get(GRACE_ENV, "").strip()
-    return float(value) if value else None
-
-
 def pool_limit(pool: str, grace_s: float | None = None) -> tuple[float, str] | None:
     """(seconds, why) the pool itself leaves a SIGTERMed flow run, or None where
     only our own launchers bound it (a process pool). `grace_s`: the pod's
-    termination grace period (Kubernetes pools), default $GPT2_TERMINATION_GRACE_S."""
-    grace = grace_s if grace_s is not None else _grace_s()
-    execute = (EXECUTE_STOP_S, "prefect flow-run execute's grace for the engine after a SIGTERM (then the "
-                               "container exits)")
+    termination grace period where it is known (Kubernetes pools; the gpu
+    pool's template keeps it at 30 s or more, so 30 s is its limit)."""
+    execute = (EXECUTE_STOP_S,
+               "prefect flow-run execute's grace for the engine after a SIGTERM (then the container exits)")
     if pool == "process":
         return None
     if pool == "vertex":
-        return min(execute, (COMPUTE_PREEMPTION_S, "Compute Engine's notice before it stops a Spot VM"))
+        return min((COMPUTE_PREEMPTION_S, "Compute Engine's notice before it stops a Spot VM"), execute,
+                   key=lambda limit: limit[0])
     limits = [execute]
-    if grace is not None:
-        limits.append((grace, "the pod's terminationGracePeriodSeconds (termination_grace_period_seconds)"))
+    if grace_s is not None:
+        limits.append((grace_s, "the pod's terminationGracePeriodSeconds (termination_grace_period_seconds)"))
     if pool == "gke-spot":
-        limits.append((GKE_SPOT_S, "GKE's shutdown window for the pods of a Spot VM node (15 s by default; up "
-                                   "to 120 s through the node pool's kubelet shutdownGracePeriodSeconds)"))
+        limits.append((GKE_SPOT_S, ("GKE's shutdown window for the pods of a Spot VM node (15 s by default; up "
+                                    "to 120 s through the node pool's kubelet shutdownGracePeriodSeconds)")))
     if pool == "gke-autopilot-spot":
         limits.append((GKE_AUTOPILOT_SPOT_S, "GKE Autopilot's notice to a Spot Pod"))
-    return min(limits)
+    return min(limits, key=lambda limit: limit[0])
 
 
 def kill_window(distributed: bool, pool: str = "auto", grace_s: float | None = None) -> tuple[float, str]:
@@ -131,7 +125,7 @@ def kill_window(distributed: bool, pool: str = "auto", grace_s: float | None = N
     else:
         ours = (STOP_GRACE_S, "the launcher's wait between SIGTERM and SIGKILL (gpt2.train.launch.STOP_GRACE_S)")
     limit = pool_limit(resolve_pool(pool), grace_s)
-    return min(ours, limit) if limit is not None else ours
+    return min(ours, limit, key=lambda window: window[0]) if limit is not None else ours
 
 
 def _lengthen(what: str) -> str:

@@ -20,7 +20,6 @@ def _config(**runtime):
 
 def test_each_pool_bounds_the_window_by_its_own_limit(monkeypatch):
     monkeypatch.delenv(preemption.POOL_ENV, raising=False)
-    monkeypatch.delenv(preemption.GRACE_ENV, raising=False)
     assert kill_window(False) == kill_window(False, "process") and kill_window(False)[0] == STOP_GRACE_S
     assert kill_window(True)[0] == preemption.TORCHRUN_STOP_S
     # Kubernetes: prefect flow-run execute's 30 s, or the pod's grace when shorter.
