@@ -98,7 +98,7 @@ def _csrf(api: str, auth: str, client_id: str = "gpt2-test") -> dict[str, str]:
     return {"Prefect-Csrf-Token": token.json()["token"], "Prefect-Csrf-Client": client_id}
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_requests_without_the_auth_string_get_401(server):
     api = server["prefect_api_url"]
     assert httpx.get(f"{api}/health", timeout=30).status_code == 200  # liveness probes need no secret
@@ -108,7 +108,7 @@ def test_requests_without_the_auth_string_get_401(server):
     assert httpx.get(f"{api}/admin/version", headers=_basic(server["auth"]), timeout=30).status_code == 200
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_post_without_a_csrf_token_is_refused(server):
     api, auth = server["prefect_api_url"], server["auth"]
     body, csrf = {"limit": 1}, _csrf(api, auth)
@@ -123,7 +123,7 @@ def test_a_post_without_a_csrf_token_is_refused(server):
     assert ok.status_code == 200, ok.text
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_prefect_clients_get_through_with_the_auth_string_only(server):
     from prefect.client.schemas.actions import VariableCreate
     from prefect.exceptions import PrefectHTTPStatusError
@@ -136,7 +136,7 @@ def test_prefect_clients_get_through_with_the_auth_string_only(server):
         c.read_variable_by_name("gpt2_access_test")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_ui_is_told_the_stacks_own_api_url(server):
     settings = httpx.get(f"{server['prefect_ui_url']}/ui-settings", timeout=30)
     assert settings.status_code == 200
@@ -149,7 +149,7 @@ def _assets(html: str) -> list[str]:
     return re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="([^"]+\.(?:js|css))"', html)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_ui_and_its_assets_load_and_its_first_api_calls_pass(server):
     ui, api, auth = server["prefect_ui_url"], server["prefect_api_url"], server["auth"]
     with httpx.Client(follow_redirects=True, timeout=30, headers={"Accept": "text/html"}) as browser:

@@ -12,7 +12,7 @@ import pytest
 from cli.stack import processes
 from tests.cli.stack.fixtures import clean_env, gpt2, last_json, prefect
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 DEPLOYMENTS = {"gpt2/full-pipeline", "gpt2-data/data", "gpt2-train/train", "gpt2-eval/evaluate", "gpt2-export/export"}
 

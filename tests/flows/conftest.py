@@ -1,0 +1,17 @@
+"""Fixtures of the flow tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli.stack.fixtures import clean_env, gpt2, last_json
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    base = tmp_path_factory.mktemp("stack")
+    env = clean_env(base / "home")
+    info = last_json(gpt2(env, base, "stack", "up", "--root", str(base / "root"), "--json"))
+    assert info["healthy"], info
+    yield {**info, "env": env, "base": base}
+    gpt2(env, base, "stack", "down", check=False)

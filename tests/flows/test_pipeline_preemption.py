@@ -1,0 +1,148 @@
+"""Preemption on the local stack, each as a spot VM or a pod delivers it:
+
+1. SIGTERM (a spot reclaim with notice) to the training flow run's process:
+   the trainer checkpoints, the run ends Crashed (never Failed), is
+   rescheduled and resumes from the SIGTERM checkpoint;
+2. the same through `prefect flow-run execute` with
+   PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule (what a Kubernetes pod
+   runs as PID 1): the run goes back to Scheduled and resumes;
+3. the parent's own process killed mid-pipeline: rescheduled, it re-attaches
+   to the training run it started and completes.
+
+On a stack of its own (conftest.py), beside test_pipeline_deployments.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli.stack.fixtures import gpt2
+from tests.flows.pipeline_stack import (PIPELINE_TIMEOUT_S, assert_completed, checkpoint_step, child, client,
+                                        deployment_run, flow_run_process, gpu_pool_paused, layout_run_dir,
+                                        overrides, pipeline_completed, wait_settled)
+
+pytestmark = pytest.mark.e2e
+
+
+# Long enough that a SIGTERM lands mid-training; only SIGTERM and the end
+# write a checkpoint, so the resume point proves which one. A quarter of the
+# smoke step's tokens (two micro-batches still: accumulation is exercised) and
+# no in-loop HellaSwag: the steps are cheap, and the time goes to what these
+# tests are about (the signal, the reschedule, the resume), not to training.
+LONG_RUN = {"train.max_steps": 600, "train.checkpoint_every": 10_000, "train.eval_every": 10_000,
+            "train.sample_every": 10_000, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
+            "eval.every_steps": 0}
+
+
+def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
+    from flows.stages import results_url
+    from gpt2 import storage
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 2e-3, **LONG_RUN})
+    config = resolve_config("smoke", params)
+    parent_id = deployment_run(stack, params)
+    train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
+    proc = flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    run_dir = storage.local_path(layout_run_dir(config))
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while not (run_dir / "lease").exists():  # training has started (its lease is taken)
+        assert time.monotonic() < deadline and proc.is_running(), "training never started"
+        time.sleep(0.2)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    stopped_at = checkpoint_step(config)
+    assert stopped_at is not None and stopped_at < config.train.max_steps, "no SIGTERM checkpoint"
+
+    train, history = pipeline_completed(stack, parent_id, train.id, "after a SIGTERM")
+    assert train.run_count >= 2 and "Crashed" in history and "Failed" not in history, history
+    result = storage.read_json(results_url(config, str(train.id)))
+    assert result["resumed_from_step"] == stopped_at
+
+
+def test_sigterm_under_flow_run_execute_reschedules(stack):
+    """What the Kubernetes worker runs as the pod's PID 1, here by hand."""
+    from prefect.states import Scheduled
+
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 4e-3, **LONG_RUN})
+    config = resolve_config("smoke", params)
+    # The data first (cached when an earlier test made it): the training stage needs its manifest.
+    gpt2(stack["env"], stack["base"], "prepare", "--preset", "smoke", "--set", f"runtime.root={params['runtime.root']}",
+         "--set", f"runtime.work_dir={params['runtime.work_dir']}")
+    with client(stack) as c, gpu_pool_paused(stack):  # no worker takes the run: we are its pod
+        dep = c.read_deployment_by_name("gpt2-train/train")
+        run = c.create_flow_run_from_deployment(dep.id, parameters={"preset": "smoke", "overrides": params},
+                                                state=Scheduled())
+        _execute_sigterm_then_resume(stack, config, run)
+
+
+def _execute_sigterm_then_resume(stack, config, run) -> None:
+    from prefect.client.schemas.objects import StateType
+
+    from flows import deployment_file
+    from flows.stages import results_url
+    from gpt2 import storage
+
+    # The pod's environment: the reschedule behaviour, and where the image keeps the code.
+    env = {**stack["env"], "PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR": "reschedule",
+           deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR)}
+
+    def execute() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "prefect", "flow-run", "execute", str(run.id)], env=env,
+                                cwd=stack["base"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    pod = execute()
+    lease = storage.local_path(layout_run_dir(config)) / "lease"
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while not lease.exists():
+        assert time.monotonic() < deadline and pod.poll() is None, pod.stdout.read() if pod.poll() is not None else ""
+        time.sleep(0.2)
+    time.sleep(1)
+    pod.send_signal(signal.SIGTERM)  # the kubelet's notice
+    out, _ = pod.communicate(timeout=180)
+    stopped_at = checkpoint_step(config)
+    assert stopped_at is not None and stopped_at < config.train.max_steps, out[-3000:]
+    with client(stack) as c:
+        state = c.read_flow_run(run.id).state
+    assert state.type == StateType.SCHEDULED and state.name == "AwaitingRetry", f"{state.name}: {out[-3000:]}"
+
+    pod = execute()  # the rescheduled pod
+    out, _ = pod.communicate(timeout=PIPELINE_TIMEOUT_S)
+    with client(stack) as c:
+        final = c.read_flow_run(run.id)
+    assert_completed(stack, final, "the re-executed training run")
+    assert storage.read_json(results_url(config, str(run.id)))["resumed_from_step"] == stopped_at, out[-3000:]
+
+
+def test_parent_machine_death_is_rescheduled_and_completes(stack):
+    """The parent's flow-run process dies (its CPU machine went away) while
+    training runs: it is rescheduled, re-attaches to the training run it
+    started (no second one), and completes."""
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 5e-3, **LONG_RUN})
+    config = resolve_config("smoke", params)
+    parent_id = deployment_run(stack, params)
+    train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
+    flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    parent_proc = flow_run_process(stack, parent_id, timeout=60)  # the parent's own flow-run process
+    os.kill(parent_proc.pid, signal.SIGKILL)
+
+    parent = wait_settled(stack, parent_id)
+    assert_completed(stack, parent, "the pipeline after its own process died")
+    with client(stack) as c:
+        history = [s.name for s in c.read_flow_run_states(parent_id)]
+    assert parent.run_count >= 2 and "Crashed" in history, history
+    child(stack, parent_id, "gpt2-train/train")  # exactly one training run for this parent
+    assert checkpoint_step(config) == config.train.max_steps
+
+
