@@ -14,7 +14,10 @@ A failure one rank survives (its rank-0-only reporting, a checkpoint write, a
 shard fetch, an in-loop evaluation) does not end that rank at once, which
 would leave the others blocked in their next collective until its timeout: it
 rides on the next step's flag all-reduce as a third flag, every rank stops
-after that step, and each ends with the failing rank's message.
+after that step, and each ends with the failing rank's message. A failure
+inside a step's collectives (an OOM in the forward, an error in validation)
+cannot wait for that: the failure board (gpt2.train.failure_board) tells the
+other ranks through the c10d store, and they stop at once with its message.
 
 Host-device syncs per step: the step's own one (its numbers, read after the
 optimizer step is queued); the `synchronize` calls timing it then find the
@@ -41,6 +44,7 @@ from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
 from gpt2.train.distributed import all_reduce, any_rank, autocast, control_group
+from gpt2.train.failure_board import FailureBoard
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.report import loss_curve_png, text_samples
@@ -89,6 +93,8 @@ class Loop:
         self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
         self.hellaswag_items = None  # loaded on first use; [] once loading failed
         self.failure: Exception | None = None  # this rank's, until the next flag all-reduce carries it
+        self.agreed: BaseException | None = None  # raised on every rank alike: not news for the board
+        self.board = FailureBoard.for_group(session.env)  # watches from run() on
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
                                parent_run_id=parent_run_id, tags=all_tags,
@@ -100,23 +106,10 @@ class Loop:
 
     def run(self) -> Outcome:
         status, preempted = "FAILED", False
+        self.board.start()
         try:
-            for step in range(self.s.start_step, self.cfg.train.max_steps):
-                done, agreed = self._step(step)
-                # One process reads its flags now; several act on what the step's all-reduce carried.
-                stop, lost, failed = agreed if self.s.env.is_distributed else self._flags()
-                if failed:
-                    self._raise_failure(done)
-                if lost:
-                    raise LeaseLost(f"another trainer took over {self.run_dir} during step {done}: "
-                                    "stopping without writing")
-                if stop:
-                    if self.saved_step != done:
-                        self._save(done)
-                    preempted = True
-                    break
-            if any_rank(self.failure is not None, self.s.env):  # after the last step's flags
-                self._raise_failure(self._steps_done())
+            with self.board.watching(lambda err: err is self.agreed, self._steps_done):
+                preempted = self._train()
             self._finish()
             status = "KILLED" if preempted else "FINISHED"
         except LeaseLost:
@@ -127,9 +120,30 @@ class Loop:
             try:  # whatever happened, the checkpoint being written is completed first
                 last = self._last_checkpoint(close=True)
             finally:
+                self.board.close()  # after the others read this rank's failure, if it posted one
                 self.tracker.close(status)
         return Outcome(self.run_name, last, self._steps_done(), self.train_loss, self.val_loss,
                        self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted)
+
+    def _train(self) -> bool:
+        """The steps, until the last or an agreed stop (True: preempted)."""
+        for step in range(self.s.start_step, self.cfg.train.max_steps):
+            done, agreed = self._step(step)
+            self.board.check(done)  # NCCL: a peer's failure aborted the step's collectives
+            # One process reads its flags now; several act on what the step's all-reduce carried.
+            stop, lost, failed = agreed if self.s.env.is_distributed else self._flags()
+            if failed:
+                self._raise_failure(done)
+            if lost:
+                raise self._agree(LeaseLost(f"another trainer took over {self.run_dir} during step {done}: "
+                                            "stopping without writing"))
+            if stop:
+                if self.saved_step != done:
+                    self._save(done)
+                return True
+        if any_rank(self.failure is not None, self.s.env):  # after the last step's flags
+            self._raise_failure(self._steps_done())
+        return False
 
     def _last_checkpoint(self, close: bool = False) -> str | None:
         """The newest complete checkpoint, named by rank 0 only (the others
@@ -173,8 +187,13 @@ class Loop:
             torch.distributed.all_gather_object(messages, mine, group=control_group())
         rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
         if rank == env.rank:
-            raise self.failure  # as it was raised: a LeaseLost stays one
-        raise TrainingError(f"rank {rank} failed: {message}; every rank stopped after step {done}")
+            raise self._agree(self.failure)  # as it was raised: a LeaseLost stays one
+        raise self._agree(TrainingError(f"rank {rank} failed: {message}; every rank stopped after step {done}"))
+
+    def _agree(self, err: BaseException) -> BaseException:
+        """`err`, raised on every rank after a flag all-reduce (not posted to the board)."""
+        self.agreed = err
+        return err
 
     def _stand_in_batches(self) -> list:
         """Batches of the right shape for a step whose own could not be fetched:
@@ -215,10 +234,10 @@ class Loop:
         if failed:
             self._raise_failure(done)
         if not math.isfinite(loss):
-            raise TrainingError(
+            raise self._agree(TrainingError(
                 f"loss is {loss} at step {done} of {cfg.max_steps}: training diverged; the last good checkpoint "
                 f"is {self._last_checkpoint() or '(none yet)'}; lower train.lr or raise train.warmup_steps"
-            )
+            ))
         self.throughput.add(cfg.total_batch_tokens, dt)
         self.train_loss = loss
         self.history["train"].append([done, loss])
