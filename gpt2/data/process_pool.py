@@ -8,6 +8,11 @@ naming it, its exit signal and its job, raised as soon as the parent
 sees the process gone, never a wait for a result that cannot come
 (multiprocessing.Pool replaces a dead worker and loses its task). At most
 `window` jobs are in flight, so memory is bounded whatever the stream's length.
+
+A job whose end only waits on the disk (fsyncs, a rename, an upload) returns
+`Finish(rest)`: its worker runs `rest()` on a second thread and sends what it
+returns, and meanwhile starts its next job, so a core never idles while a
+unit's bytes reach the disk. Replies still leave each worker in job order.
 """
 
 from __future__ import annotations
@@ -45,13 +50,14 @@ def default_workers() -> int:
 
 
 def run_pool(fn: Callable, jobs: Iterable[tuple[object, object]], workers: int, window: int,
-             warm_up: Callable | None = None) -> Iterator[tuple[object, object]]:
+             warm_up: Callable | None = None, ahead: int = AHEAD_PER_WORKER) -> Iterator[tuple[object, object]]:
     """(label, fn(payload)) for every (label, payload) job, in input order, on
     `workers` processes with at most `window` jobs sent or waiting to be
     yielded. fn must be picklable (a module-level function or a partial of
     one); a label's str names the job in errors. warm_up runs in each worker
-    before its first job (loading an encoding, say)."""
-    pool = _Pool(workers, fn, warm_up)
+    before its first job (loading an encoding, say). ahead: jobs sent to a
+    worker before its oldest comes back."""
+    pool = _Pool(workers, fn, warm_up, ahead)
     finished = False
     try:
         yield from pool.run(jobs, window)
@@ -61,6 +67,14 @@ def run_pool(fn: Callable, jobs: Iterable[tuple[object, object]], workers: int, 
 
 
 # --- the workers --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finish:
+    """A reply whose rest only waits on I/O: the worker calls `rest()` on its
+    sending thread and sends what it returns (or the failure it raises)."""
+
+    rest: Callable[[], object]
 
 
 @dataclass(frozen=True)
@@ -80,13 +94,29 @@ def _serve(tasks: Connection, results: Connection, fn: Callable, warm_up: Callab
     if warm_up is not None:
         warm_up()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
     threading.Thread(target=_receive, args=(tasks, inbox), daemon=True).start()
+    sender = threading.Thread(target=_send_replies, args=(results, outbox), daemon=True)
+    sender.start()
     while (job := inbox.get()) is not None:
-        try:
-            reply = fn(job)
-        except BaseException as err:  # noqa: BLE001 - tiktoken's PanicException is not an Exception
-            user = err if isinstance(err, UserError) else None
-            reply = _Failure(f"{type(err).__name__}: {err}", traceback.format_exc(), user)
+        outbox.put(_attempt(fn, job))
+    outbox.put(None)
+    sender.join()  # the last replies' rest (a unit's fsyncs) is done before the worker exits
+
+
+def _attempt(fn: Callable, *args) -> object:
+    try:
+        return fn(*args)
+    except BaseException as err:  # noqa: BLE001 - tiktoken's PanicException is not an Exception
+        user = err if isinstance(err, UserError) else None
+        return _Failure(f"{type(err).__name__}: {err}", traceback.format_exc(), user)
+
+
+def _send_replies(results: Connection, outbox: queue.SimpleQueue) -> None:
+    """Send replies in job order, first finishing those that return Finish."""
+    while (reply := outbox.get()) is not None:
+        if isinstance(reply, Finish):
+            reply = _attempt(reply.rest)
         try:
             results.send(reply)
         except OSError:  # the parent is gone
@@ -164,8 +194,9 @@ def _signal_name(number: int) -> str:
 
 
 class _Pool:
-    def __init__(self, workers: int, fn: Callable, warm_up: Callable | None = None):
+    def __init__(self, workers: int, fn: Callable, warm_up: Callable | None = None, ahead: int = AHEAD_PER_WORKER):
         ctx = mp.get_context("spawn")
+        self.ahead = ahead
         self.workers: list[_Worker] = []
         try:
             for _ in range(workers):
@@ -198,7 +229,7 @@ class _Pool:
 
     def _least_busy(self) -> _Worker | None:
         worker = min(self.workers, key=lambda w: len(w.held))
-        return worker if len(worker.held) < AHEAD_PER_WORKER else None
+        return worker if len(worker.held) < self.ahead else None
 
     def _send(self, worker: _Worker, held: tuple[int, object], payload: object) -> None:
         worker.held.append(held)

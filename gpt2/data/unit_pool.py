@@ -8,8 +8,10 @@ receives results of the same size.
 
 A dead worker is an error naming its pid, its signal and its unit within
 about a second (gpt2.data.process_pool); bad input in a unit is raised as the
-same SourceError a single process gives. With one worker, units run in this
-process.
+same SourceError a single process gives. A worker encodes its next unit
+while the last one's bytes, rename and record reach the disk (Finish in
+gpt2.data.process_pool): per 256 KB unit those fsyncs wait about as long as
+the encoding takes. With one worker, units run in this process.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from functools import partial
 from pathlib import Path
 
 from gpt2.config import Config
-from gpt2.data.process_pool import default_workers, run_pool
+from gpt2.data.process_pool import Finish, default_workers, run_pool
 from gpt2.data.tokenize_pool import warm_up
-from gpt2.data.units import Unit, UnitResult, tokenize_unit
+from gpt2.data.units import Unit, UnitResult, encode_unit, tokenize_unit
 
 WINDOW_PER_WORKER = 4
 """Units handed out per worker ahead of the oldest unfinished one: enough that
@@ -29,8 +31,13 @@ no worker idles behind a slower unit, few enough that a stop (limits met)
 wastes little."""
 
 
-def _run(config: Config, directory: str, unit: Unit) -> UnitResult:
-    return tokenize_unit(config, unit, directory)
+AHEAD_PER_WORKER = 3
+"""Units sent to a worker before its oldest result comes back: one finishing
+on the disk, one being encoded, one waiting."""
+
+
+def _run(config: Config, directory: str, unit: Unit) -> Finish:
+    return Finish(encode_unit(config, unit, directory))
 
 
 class UnitPool:
@@ -47,5 +54,6 @@ class UnitPool:
             return
         jobs = ((unit, unit) for unit in units)
         fn = partial(_run, self.config, self.directory)
-        for _, result in run_pool(fn, jobs, self.workers, WINDOW_PER_WORKER * self.workers, warm_up):
+        for _, result in run_pool(fn, jobs, self.workers, WINDOW_PER_WORKER * self.workers, warm_up,
+                                     AHEAD_PER_WORKER):
             yield result

@@ -28,7 +28,8 @@ import hashlib
 import os
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -181,8 +182,17 @@ def completed(directory: str, unit: Unit, limit: Limit | None = None) -> UnitRes
 def tokenize_unit(config: Config, unit: Unit, directory: str, limit: Limit | None = None) -> UnitResult:
     """Read, truncate (data.max_document_chars), encode and write one unit, in
     this process. Idempotent: a valid existing record and file are returned as is."""
+    return encode_unit(config, unit, directory, limit)()
+
+
+def encode_unit(config: Config, unit: Unit, directory: str, limit: Limit | None = None
+                ) -> Callable[[], UnitResult]:
+    """tokenize_unit in two halves: this call reads and encodes the unit into
+    a temporary file (the CPU's work) and returns the rest, which makes it
+    durable (fsync, rename or upload, record) and returns its result. A pool's
+    worker runs the rest on another thread while it encodes its next unit."""
     if (done := completed(directory, unit, limit)) is not None:
-        return done
+        return lambda: done
     local = storage.local_path(storage.normalize_url(directory))
     if local is not None:
         local.mkdir(parents=True, exist_ok=True)
@@ -191,10 +201,20 @@ def tokenize_unit(config: Config, unit: Unit, directory: str, limit: Limit | Non
     try:
         with open(tmp, "wb") as out:
             result = _encode_into(out, config, unit, limit)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return partial(_commit, tmp, local, directory, unit, limit, result)
+
+
+def _commit(tmp: Path, local: Path | None, directory: str, unit: Unit, limit: Limit | None,
+            result: UnitResult) -> UnitResult:
+    try:
         if local is not None:
-            # Its bytes were fsynced; the record's write fsyncs the directory. A
+            # Its bytes are fsynced here; the record's write fsyncs the directory. A
             # crash that loses this rename but keeps the record is caught by
             # completed(), which checks the part's size.
+            storage.fsync_file(tmp)
             os.replace(tmp, local / unit.name)
         else:
             storage.put_file_atomic(tmp, storage.join(directory, unit.name))
@@ -228,8 +248,6 @@ def _encode_into(out, config: Config, unit: Unit, limit: Limit | None) -> UnitRe
         docs, tokens, truncated = docs + n_docs, tokens + len(arr), truncated + len(long)
         if (max_docs is not None and docs >= max_docs) or (max_tokens is not None and tokens >= max_tokens):
             break
-    out.flush()
-    os.fsync(out.fileno())
     return UnitResult(index=unit.index, documents=docs, tokens=tokens, truncated=truncated, name=unit.name,
                       sha256=sha.hexdigest(), first_cut=first_cut)
 
