@@ -104,8 +104,8 @@ def describe(actual: dict[str, Any], planned_steps: int) -> str:
     """The comparison as text for people."""
     labels = {"steps_per_second": "steps/s", "mfu": "MFU", "device_hours": "device-hours", "cost": "cost",
               "attempts": "attempts"}
-    lines = [f"measured: run {actual['run']}, {actual['steps_trained']:,} of {planned_steps:,} steps, "
-             f"on {' / '.join(actual['device_types'])} x {' / '.join(map(str, sorted(set(actual['devices']))))}",
+    where = f"{' / '.join(actual['device_types'])} x {' / '.join(map(str, sorted(set(actual['devices']))))}"
+    lines = [f"measured: run {actual['run']}, {actual['steps_trained']:,} of {planned_steps:,} steps, on {where}",
              f"  {'':<14}{'estimate':>14}{'measured':>14}"]
     lines += [f"  {labels[k] + ':':<14}{_fmt(k, r['estimate']):>14}{_fmt(k, r['measured']):>14}"
               for k, r in actual["rows"].items()]

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import time
+
 import torch
 
 from gpt2 import layout, storage
@@ -79,7 +80,7 @@ class Attempt:
         self.record, self.url, self._written = record, None, 0.0
 
     @classmethod
-    def begin(cls, config: Config, env: DistEnv, lease: Lease | None, started_at: float) -> "Attempt":
+    def begin(cls, config: Config, env: DistEnv, lease: Lease | None, started_at: float) -> Attempt:
         """Close the attempts that never wrote their end, then record this one
         (under the lease, so no other trainer numbers an attempt at once)."""
         run_dir = layout.run_dir(config)

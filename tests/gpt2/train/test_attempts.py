@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpt2 import layout, storage
-from gpt2.bill import PREFIX, training_bill
+from gpt2.bill import PREFIX
 from gpt2.train.attempts import read_attempts
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json

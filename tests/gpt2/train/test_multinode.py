@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.train import multinode
+from gpt2.train.attempts import read_attempts
 from gpt2.train.launch import StatusFile, torchrun_command
 from gpt2.train.run import PREEMPTED_EXIT_CODE
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
@@ -109,7 +110,12 @@ def _assert_same_run(result: dict, reference: dict) -> None:
 
 def test_two_nodes_train_exactly_like_one_node_with_the_same_global_batch(one_node, tmp_path):
     config = _config(tmp_path, nnodes=2)
-    _assert_same_run(_done(_two_nodes(config, tmp_path)), one_node)
+    result = _done(_two_nodes(config, tmp_path))
+    _assert_same_run(result, one_node)
+    # One attempt, written once by global rank 0, on every device of both machines.
+    (record,) = read_attempts(layout.run_dir(config))
+    assert record["end"] == "done" and record["devices"] == result["world_size"]
+    assert result["bill"]["attempts"] == 1
 
 
 def _wait_for_step(nodes: list[Node], step: int, timeout: float = 240) -> None:
@@ -148,6 +154,7 @@ def test_sigterm_on_one_node_stops_both_with_a_checkpoint_and_a_rerun_resumes(on
     result = _done(_two_nodes(again, tmp_path))
     assert result["resumed_from_step"] == stopped_at
     _assert_same_run(result, one_node)
+    assert result["bill"]["ends"] == {"preempted": 1, "done": 1} and result["bill"]["steps_redone"] == 0
 
 
 def test_the_launcher_refuses_a_config_that_cannot_rendezvous(tmp_path):
