@@ -6,6 +6,7 @@ pipeline's sum over its stages. Logged to MLflow under one prefix, `bill/`:
     steps_redone          steps trained after the checkpoint the next attempt resumed from (trained twice)
     device_hours_redone   those steps at their attempt's device time per step (wall time after start-up / steps)
     startup_s             seconds before each attempt's first step, summed (a whole attempt that never stepped)
+    data_wait_s           seconds the steps waited for their batches (shard downloads), summed
     cost                  runtime.price_per_hour x device_hours; absent without a price
 
 Only the time an attempt ran is billed: the hours or days between a kill and
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 PREFIX = "bill/"
-METRICS = ("attempts", "device_hours", "steps_redone", "device_hours_redone", "startup_s", "cost")
+METRICS = ("attempts", "device_hours", "steps_redone", "device_hours_redone", "startup_s", "data_wait_s", "cost")
 PIPELINE_METRICS = METRICS + ("cpu_hours", "gpu_cost", "cpu_cost")
 """The parent run's: also the CPU stages' machine-hours and each part's cost."""
 
@@ -48,7 +49,7 @@ def _startup_s(record: dict) -> float:
 
 def training_bill(records: list[dict], price_per_hour: float | None) -> dict[str, Any]:
     """The bill of one training run from its attempt records, oldest first."""
-    device_hours = redone_hours = startup = step_s = 0.0
+    device_hours = redone_hours = startup = step_s = data_wait = 0.0
     redone = timed = 0
     mfus: list[tuple[float, int]] = []
     ends: dict[str, int] = {}
@@ -61,6 +62,7 @@ def training_bill(records: list[dict], price_per_hour: float | None) -> dict[str
         redone += n
         redone_hours += (busy / steps * n * devices / 3600) if steps > 0 else 0.0
         startup += _startup_s(r)
+        data_wait += float(r.get("data_wait_s") or 0.0)
         step_s += float(r.get("step_s") or 0.0)
         timed += int(r.get("steps_timed") or 0)
         if r.get("mfu") is not None:
@@ -74,6 +76,7 @@ def training_bill(records: list[dict], price_per_hour: float | None) -> dict[str
         "steps_redone": redone,
         "device_hours_redone": redone_hours,
         "startup_s": startup,
+        "data_wait_s": data_wait,
         "cost": price_per_hour * device_hours if price_per_hour is not None else None,
         "price_per_hour": price_per_hour,
         "ends": ends,
@@ -112,6 +115,7 @@ def pipeline_bill(train: dict[str, Any] | None, cpu_hours: float, gpu_stage_hour
         "steps_redone": int(train.get("steps_redone") or 0),
         "device_hours_redone": float(train.get("device_hours_redone") or 0.0),
         "startup_s": float(train.get("startup_s") or 0.0),
+        "data_wait_s": float(train.get("data_wait_s") or 0.0),
         "cpu_hours": cpu_hours,
         "gpu_cost": gpu_cost,
         "cpu_cost": cpu_cost,

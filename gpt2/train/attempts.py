@@ -6,7 +6,7 @@ record outlives the machine (gpt2.bill turns the records into the bill):
      "device_name": "NVIDIA H100 80GB HBM3", "devices": 8, "lease_generation": 3,
      "started_at": 1790000000.0, "resumed_from": 1500, "step": 1730,
      "first_step_at": 1790000095.2, "startup_s": 93.1, "step_s": 61.0, "steps_timed": 229,
-     "mfu": 0.41, "heartbeat_at": 1790000160.4, "ended_at": 1790000161.0,
+     "mfu": 0.41, "data_wait_s": 0.4, "heartbeat_at": 1790000160.4, "ended_at": 1790000161.0,
      "end": "preempted", "last_checkpoint": 1730, "message": null, "closed_by": null}
 
 Global rank 0 writes its attempt's record when it holds the run's lease, brings
@@ -97,7 +97,7 @@ class Attempt:
                       "device_type": env.device.type, "device_name": _device_name(env.device),
                       "devices": env.world_size, "lease_generation": lease.generation if lease else None,
                       "started_at": started_at, "resumed_from": None, "step": None, "first_step_at": None,
-                      "startup_s": None, "step_s": 0.0, "steps_timed": 0, "mfu": None,
+                      "startup_s": None, "step_s": 0.0, "steps_timed": 0, "mfu": None, "data_wait_s": 0.0,
                       "heartbeat_at": time.time(), "ended_at": None, "end": None, "last_checkpoint": None,
                       "message": None, "closed_by": None}
             url = layout.attempt_record(run_dir, number)
@@ -137,8 +137,9 @@ class Attempt:
         took = self.batch_tokens / info.tokens_per_second if info.tokens_per_second else 0.0
         if r["first_step_at"] is None:  # its time is warm-up (compilation): kept out of step_s
             r["first_step_at"], r["startup_s"] = now, max(0.0, now - took - r["started_at"])
-        else:
+        else:  # the first step's wait for its batches is start-up
             r["step_s"] += took
+            r["data_wait_s"] = r.get("data_wait_s", 0.0) + info.data_wait_seconds
             r["steps_timed"] += 1
             if info.mfu is not None:  # a running mean over the steady steps
                 r["mfu"] = (r["mfu"] or 0.0) + (info.mfu - (r["mfu"] or 0.0)) / r["steps_timed"]

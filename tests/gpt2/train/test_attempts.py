@@ -112,6 +112,8 @@ def test_cost_is_price_times_device_hours_and_lands_on_the_mlflow_run(tmp_path):
     assert logged[PREFIX + "cost"] == pytest.approx(bill["cost"])
     assert logged[PREFIX + "attempts"] == 1
     assert logged[PREFIX + "steps_redone"] == 0
+    assert bill["data_wait_s"] == pytest.approx(record["data_wait_s"])
+    assert logged[PREFIX + "data_wait_s"] == pytest.approx(bill["data_wait_s"])
 
 
 def test_a_rerun_of_a_finished_run_adds_no_attempt(tmp_path):
