@@ -107,7 +107,8 @@ def test_links_open_the_runs_table_or_the_run_itself(tmp_path):
     assert ui_link(t.uri, t.experiment_id, t.run_id) == (
         f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{t.run_id}")
     server = "https://user:secret@mlflow.example.com/"
-    assert ui_link(server, t.experiment_id) == f"https://user:***@mlflow.example.com/#/experiments/{t.experiment_id}/runs"
+    expected = f"https://user:***@mlflow.example.com/#/experiments/{t.experiment_id}/runs"
+    assert ui_link(server, t.experiment_id) == expected
     with Tracker(config, "run-l", run_id=t.run_id) as again:  # a reopened run knows its experiment too
         again.flush(timeout=30)
     assert again.experiment_id == t.experiment_id
