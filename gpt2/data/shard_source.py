@@ -25,7 +25,7 @@ import numpy as np
 from gpt2 import layout, storage
 from gpt2.data.llmc import ShardError, read_shard
 from gpt2.data.manifest import Manifest, ShardEntry, verify_shard
-from gpt2.train.distributed import DistEnv, barrier
+from gpt2.train.distributed import DistEnv, first_error
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +100,19 @@ class ShardSource:
             verify_shard(url, entry)
             return read_shard(local)
         cached = self.cache_dir / cached_name(entry)
-        # One process per machine downloads; the others wait for it.
-        if self.env.local_rank == 0:
-            self._fetch_now(url, entry, cached)
-        barrier(self.env)
+        error = None
+        if self.env.local_rank == 0:  # one process per machine downloads; the others wait for it
+            try:
+                self._fetch_now(url, entry, cached)
+            except Exception as err:  # noqa: BLE001 - raised below, once every rank knows
+                error = err
+        # Every rank learns of a failed download here and raises it: the
+        # downloader raising alone would leave the others waiting in this collective.
+        failed = first_error(error, self.env)
+        if error is not None:
+            raise error
+        if failed is not None:
+            raise ShardError(f"rank {failed[0]} could not fetch {url} for its machine: {failed[1]}")
         return read_shard(cached)
 
     def _fetch_now(self, url: str, entry: ShardEntry, cached: Path) -> None:

@@ -195,6 +195,20 @@ def broadcast_bytes(data: bytes | None, env: DistEnv) -> bytes:
     return data if env.is_main else t.cpu().numpy().tobytes()
 
 
+def first_error(error: BaseException | None, env: DistEnv) -> tuple[int, str] | None:
+    """Every rank's outcome of a part only some ranks do (a download for the
+    machine): the first failed rank and its "Type: message", or None. A
+    collective of every rank, so all of them can raise together instead of
+    one raising alone while the others wait for it. Over the control group:
+    the others may wait that long (a shard's download)."""
+    mine = f"{type(error).__name__}: {error}" if error is not None else None
+    messages = [mine]
+    if env.is_distributed:
+        messages = [None] * env.world_size
+        dist.all_gather_object(messages, mine, group=control_group())
+    return next(((rank, m) for rank, m in enumerate(messages) if m is not None), None)
+
+
 def barrier(env: DistEnv) -> None:
     if env.is_distributed:
         dist.barrier()
