@@ -17,6 +17,7 @@ which lives in the stack directory's `prefect-auth` file.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -56,6 +57,11 @@ def _warn_shell_overrides(api_url: str, auth: str | None) -> None:
             _say(f"note: {name} is set in this shell and wins over the profile; unset it to reach the stack")
 
 
+LINK_LOOKUP_S = 15.0
+"""How long `up` waits for MLflow to name the experiment before printing the bare address
+(MLflow's own clients retry for minutes)."""
+
+
 def _runs_page(mlflow_url: str, root: str) -> str:
     """The experiment's runs table on the stack's MLflow (the experiment is made
     now if new, as the stages would make it), so a fresh browser opens on the
@@ -65,15 +71,25 @@ def _runs_page(mlflow_url: str, root: str) -> str:
     from gpt2.tracking import ensure_experiment, ui_link
 
     config = Config(runtime=RuntimeConfig(root=root))
-    try:
-        from mlflow import MlflowClient
+    found: dict = {}
 
-        experiment = ensure_experiment(MlflowClient(tracking_uri=mlflow_url), config.tracking.experiment,
-                                       layout.mlflow_artifacts(config))
-    except Exception as err:  # noqa: BLE001 - only the link is at stake
-        _say(f"note: could not look up the MLflow experiment ({err}); open the runs from its home page")
+    def look_up() -> None:
+        try:
+            from mlflow import MlflowClient
+
+            found["id"] = ensure_experiment(MlflowClient(tracking_uri=mlflow_url), config.tracking.experiment,
+                                            layout.mlflow_artifacts(config))
+        except Exception as err:  # noqa: BLE001 - only the link is at stake
+            found["error"] = err
+
+    worker = threading.Thread(target=look_up, daemon=True)
+    worker.start()
+    worker.join(LINK_LOOKUP_S)
+    if "id" not in found:
+        _say(f"note: could not look up the MLflow experiment ({found.get('error', 'no answer')}); "
+             "open the runs from its home page")
         return mlflow_url
-    return ui_link(mlflow_url, experiment)
+    return ui_link(mlflow_url, found["id"])
 
 
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,

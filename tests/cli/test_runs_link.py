@@ -1,0 +1,30 @@
+"""The MLflow link `gpt2 stack up` prints opens the experiment's runs table:
+the experiment is made up front, as the stages would make it, so a fresh
+browser lands on the training runs rather than MLflow 3.17's GenAI view."""
+
+from __future__ import annotations
+
+from mlflow import MlflowClient
+
+from cli.stack import commands
+from cli.stack.commands import _runs_page
+from gpt2 import layout
+from gpt2.config import Config, RuntimeConfig
+from gpt2.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+
+def test_the_stack_link_opens_the_runs_table_of_the_experiment_the_stages_use(tmp_path):
+    store, root = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "root").as_uri()
+    link = _runs_page(store, root)
+    config = Config(runtime=RuntimeConfig(root=root))
+    exp = MlflowClient(store).get_experiment_by_name(config.tracking.experiment)
+    assert link.endswith(f"/#/experiments/{exp.experiment_id}/runs")
+    assert exp.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert exp.artifact_location == layout.mlflow_artifacts(config)  # where the stages would have put it
+    assert _runs_page(store, root) == link  # asked again: the same experiment, not a second one
+
+
+def test_an_unreachable_mlflow_leaves_the_bare_address(tmp_path, monkeypatch):
+    monkeypatch.setattr(commands, "LINK_LOOKUP_S", 0.5)  # MLflow's client would retry for minutes
+    bad = f"sqlite:///{tmp_path / 'missing-dir' / 'x' / 'y'}/\0"
+    assert _runs_page(bad, (tmp_path / "root").as_uri()) == bad
