@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 
 from gpt2 import layout, storage
-from gpt2.checkpoint.store import MARKER, latest_checkpoint, read_marker
+from gpt2.checkpoint.catalog import MARKER, latest_checkpoint, read_marker
 from gpt2.config import Config
 from gpt2.errors import UserError
 

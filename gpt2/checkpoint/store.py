@@ -25,7 +25,6 @@ import hashlib
 import io
 import json
 import logging
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,25 +32,32 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from gpt2 import layout, storage
+from gpt2 import storage
 from gpt2.checkpoint import shares
+
+# Re-exported: callers name the marker, the finding and the pruning as store.X.
+from gpt2.checkpoint.catalog import (  # noqa: F401
+    FILES,
+    MARKER,
+    REQUIRED,
+    CheckpointError,
+    clear_run,
+    complete_checkpoints,
+    discard_after,
+    file_entry,
+    is_complete,
+    latest_checkpoint,
+    prune,
+    read_marker,
+    step_dirs,
+    write_marker,
+)
 from gpt2.config import Config
-from gpt2.errors import UserError
 from gpt2.model import GPT
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
-"""The files of a checkpoint written by one process."""
-REQUIRED = ("model.safetensors", "rng.pt", "state.json")
-"""The files every checkpoint has, beside its optimizer file(s)."""
 TIED = "lm_head.weight"
-_STEP_DIR = re.compile(r"^step_(\d{6,})$")
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is incomplete or damaged; the message names the file."""
 
 
 @dataclass
@@ -68,56 +74,6 @@ class Checkpoint:
     @property
     def step(self) -> int:
         return int(self.state["step"])
-
-
-def _step_dirs(run_dir: str) -> list[tuple[int, str]]:
-    """(step, url) of every step directory, newest first, complete or not."""
-    base = layout.checkpoints_dir(run_dir)
-    found = [(int(m.group(1)), storage.join(base, name))
-             for name in storage.list_dir(base) if (m := _STEP_DIR.match(name))]
-    return sorted(found, reverse=True)
-
-
-def _well_formed(marker: object) -> bool:
-    """A marker that names a step and every file with its size and sha256."""
-    if not isinstance(marker, dict) or not isinstance(marker.get("step"), int):
-        return False
-    files = marker.get("files")
-    return isinstance(files, dict) and _complete_set(files) and all(
-        isinstance(f, dict) and isinstance(f.get("bytes"), int) and isinstance(f.get("sha256"), str)
-        for f in files.values())
-
-
-def _complete_set(names) -> bool:
-    """The required files and a whole set of optimizer files, nothing else."""
-    optimizer = shares.optimizer_files(names)
-    return optimizer is not None and set(names) == set(REQUIRED) | set(optimizer)
-
-
-def read_marker(url: str) -> dict | None:
-    """The COMPLETE marker of a checkpoint directory; None if absent, torn or
-    malformed (all three mean the checkpoint is incomplete)."""
-    marker = storage.read_record(storage.join(url, MARKER))
-    return marker if _well_formed(marker) else None
-
-
-def complete_checkpoints(config_or_run_dir: Config | str) -> list[str]:
-    """URLs of the checkpoints whose marker exists and whose file sizes match it, newest first."""
-    run_dir = layout.run_dir(config_or_run_dir) if isinstance(config_or_run_dir, Config) else config_or_run_dir
-    return [url for _, url in _step_dirs(storage.normalize_url(run_dir)) if _is_complete(url)]
-
-
-def _is_complete(url: str) -> bool:
-    """A well-formed marker, and every file it lists at the size it records."""
-    marker = read_marker(url)
-    return marker is not None and all(storage.size(storage.join(url, n)) == f["bytes"]
-                                      for n, f in marker["files"].items())
-
-
-def latest_checkpoint(config_or_run_dir: Config | str) -> str | None:
-    """URL of the newest complete checkpoint of a run (a Config or a run dir URL)."""
-    found = complete_checkpoints(config_or_run_dir)
-    return found[0] if found else None
 
 
 def _to_bytes(obj: object) -> bytes:
@@ -170,18 +126,6 @@ def encode_required(tensors: dict[str, torch.Tensor], state: dict, rng: dict) ->
 def encode_optimizer(optimizer_state: dict) -> bytes:
     """An optimizer state_dict or one rank's share of it."""
     return _to_bytes(optimizer_state)
-
-
-def file_entry(data: bytes) -> dict:
-    """What the marker records of a file."""
-    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def write_marker(url: str, step: int, files: dict[str, dict]) -> None:
-    """Commit a checkpoint whose files (name -> file_entry) are all written."""
-    if not _complete_set(files):
-        raise CheckpointError(f"refusing to mark {url} complete: its files {sorted(files)} are not a whole checkpoint")
-    storage.write_record(storage.join(url, MARKER), {"step": step, "files": files})
 
 
 def write_checkpoint(url: str, tensors: dict[str, torch.Tensor], optimizer_state: dict,
@@ -283,21 +227,13 @@ def resume_checkpoint(run_dir: str) -> Checkpoint | None:
             log.warning("skipping damaged checkpoint: %s; falling back to the previous one", err)
             damaged.append(str(err))
             continue
-        _discard_after(run_dir, ckpt.step)
+        discard_after(run_dir, ckpt.step)
         return ckpt
     if damaged:
         raise CheckpointError(
             f"no checkpoint of {run_dir} verifies, so the run cannot resume:\n  " + "\n  ".join(damaged)
             + "\nrestore them from a copy, or start over with --fresh (deletes this run's checkpoints)")
     return None
-
-
-def _discard_after(run_dir: str, step: int) -> None:
-    for later, url in _step_dirs(run_dir):
-        if later > step:
-            log.warning("deleting checkpoint %s (newer than the one resumed from)", url)
-            storage.remove(storage.join(url, MARKER))
-            storage.remove(url, recursive=True)
 
 
 def load_weights(model: GPT, tensors: dict[str, torch.Tensor]) -> None:
@@ -320,25 +256,3 @@ def load_model(checkpoint_url: str, device: str = "cpu") -> tuple[GPT, Config]:
     model = GPT(config.model)
     load_weights(model, load_safetensors(weights))
     return model.to(device).eval(), config
-
-
-def prune(run_dir: str, keep: int, written_step: int | None = None) -> None:
-    """Keep the newest `keep` complete checkpoints up to `written_step` (the
-    one just written); delete older ones, incomplete leftovers and any step
-    beyond `written_step` (left by an abandoned timeline of the run: they
-    must never outrank the checkpoint just written). The marker goes first,
-    so a half-deleted directory never looks complete."""
-    dirs = _step_dirs(run_dir)
-    kept = [url for step, url in dirs if (written_step is None or step <= written_step) and _is_complete(url)][:keep]
-    for _, url in dirs:
-        if url not in kept:
-            storage.remove(storage.join(url, MARKER))
-            storage.remove(url, recursive=True)
-            log.debug("removed old checkpoint %s", url)
-
-
-def clear_run(run_dir: str) -> None:
-    """Delete every checkpoint of a run (`--fresh`)."""
-    for _, url in _step_dirs(run_dir):
-        storage.remove(storage.join(url, MARKER))
-    storage.remove(layout.checkpoints_dir(run_dir), recursive=True)

@@ -65,6 +65,13 @@ class TrainLoader:
     def load_state_dict(self, state: dict) -> None:
         self.position = LoaderPosition(**state)
 
+    def stand_in_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches of the right shape for a step whose own could not be fetched:
+        the rank still takes part in the step's collectives, whose flags then
+        stop every rank before the step's weights are checkpointed."""
+        zeros = torch.zeros((self.micro_batch, self.T), dtype=torch.long)
+        return [(zeros, zeros)] * self.accumulation_steps
+
     def next_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The (inputs, targets) micro-batches of this rank for the next step,
         each of shape (micro_batch, T); advances the global position."""

@@ -28,6 +28,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from gpt2.config import Config
+
 MB = 1 << 20
 
 
@@ -257,3 +259,12 @@ def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: in
     # fp32 weights and moments, autocast's bf16 copy: STATIC_BYTES_PER_PARAM + ADAMW_BYTES_PER_PARAM a parameter.
     static = resident_bytes(4 * n_params, 4 * n_params / optimizer_shards, 2 * n_params)
     return int(RESERVED_BYTES + static + FRAGMENTATION * per_token * tokens)
+
+
+def oom_message(config: Config, micro_batch: int, device: torch.device, step: int, err: Exception) -> str:
+    """What to change after an out-of-memory error at `step`: the micro-batch, never the global batch."""
+    limit = config.runtime.memory_limit_mb
+    where = f"runtime.memory_limit_mb={limit}" if limit else str(device)
+    return (f"out of memory at step {step} with micro-batch {micro_batch} x {config.model.block_size} "
+            f"tokens ({where}): set a smaller train.micro_batch_size (or train.micro_batch_size=auto); "
+            f"the global batch stays train.total_batch_tokens. ({str(err).splitlines()[0][:200]})")

@@ -1,7 +1,10 @@
-"""Human-readable outputs of a training run: text samples and the loss curve."""
+"""Human-readable outputs of a training run: text samples and the loss curve,
+and logging them to the run's MLflow run."""
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from pathlib import Path
 
 import torch
@@ -9,6 +12,7 @@ import torch
 from gpt2.model import GPT
 from gpt2.tokenizer import get_encoding
 
+log = logging.getLogger(__name__)
 SAMPLE_PROMPT = "Hello, I'm a language model,"
 
 
@@ -48,3 +52,21 @@ def loss_curve_png(path: Path, train: list[list[float]], val: list[list[float]],
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def log_samples(tracker, model: GPT, device: torch.device, seed: int, step: int) -> None:
+    """Samples of the model at `step`: in the log and as an MLflow artifact (rank 0)."""
+    texts = text_samples(model, device, seed=seed)
+    body = "\n\n".join(f"--- sample {i} ---\n{t}" for i, t in enumerate(texts))
+    log.info("samples at step %d:\n%s", step, body)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"step_{step:06d}.txt"
+        path.write_text(body + "\n")
+        tracker.log_artifact(path, "samples")
+
+
+def log_loss_curve(tracker, history: dict[str, list], run_name: str) -> None:
+    """The run's loss curve (train and validation) as an MLflow artifact (rank 0)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        png = loss_curve_png(Path(tmp) / "loss_curve.png", history["train"], history["val"], run_name)
+        tracker.log_artifact(png)
