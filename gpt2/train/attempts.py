@@ -30,9 +30,11 @@ import time
 import torch
 
 from gpt2 import layout, storage
+from gpt2.bill import metrics, training_bill
 from gpt2.checkpoint import store
 from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
+from gpt2.tracking import Tracker
 from gpt2.train.distributed import DistEnv
 from gpt2.train.progress import Progress, StepInfo
 
@@ -68,7 +70,13 @@ def _last_sign_of_life(run_dir_url: str, record: dict) -> float:
 
 
 def _checkpoint_step(run_dir_url: str) -> int | None:
-    latest = store.latest_checkpoint(run_dir_url)
+    """The step of the run's newest complete checkpoint; None when there is none
+    or the root cannot be read now (an attempt's end must not hide its error)."""
+    try:
+        latest = store.latest_checkpoint(run_dir_url)
+    except Exception as err:  # noqa: BLE001 - the bill must never stop a training run
+        log.warning("could not list the checkpoints of %s for the attempt record: %s", run_dir_url, err)
+        return None
     return int(latest.rstrip("/").rsplit("step_", 1)[1]) if latest else None
 
 
@@ -174,14 +182,10 @@ def _close_killed(run_dir: str, record: dict, by: int) -> None:
     storage.write_record(layout.attempt_record(run_dir, int(record["attempt"])), record)
 
 
-
 def settle(config: Config, env: DistEnv, mlflow_run_id: str | None, step: int, status: str) -> dict | None:
     """The run's bill after this attempt (rank 0; None elsewhere), also logged
     on the training's MLflow run at `step`, which is reopened and closed again
     with `status` (the loop has closed it by now)."""
-    from gpt2.bill import metrics, training_bill
-    from gpt2.tracking import Tracker
-
     if not env.is_main:
         return None
     try:
