@@ -146,3 +146,27 @@ def test_a_gap_of_days_before_the_next_attempt_is_not_billed(tmp_path):
     mine = (second["ended_at"] - second["started_at"]) * second["devices"] / 3600
     assert result.bill["device_hours"] == pytest.approx(ran_s * first["devices"] / 3600 + mine)
     assert result.bill["device_hours"] < days_ago / 3600  # the days in between are nobody's device time
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_an_attempt_that_fails_says_so_and_its_steps_past_the_checkpoint_are_redone(tmp_path):
+    config = tiny_config(tmp_path)
+    write_dataset(config)
+    failed_at = config.train.checkpoint_every + 1
+
+    def fail(info) -> None:
+        if info.step == failed_at:
+            raise Boom(f"failed at step {info.step}")
+
+    with pytest.raises(Boom):
+        train(config, progress=fail)
+    result = train(config)
+    first, second = read_attempts(layout.run_dir(config))
+    assert first["end"] == "error" and "Boom: failed at step" in first["message"]
+    assert first["step"] == failed_at
+    assert result.bill["ends"] == {"error": 1, "done": 1}
+    assert result.bill["steps_redone"] == failed_at - second["resumed_from"]
+    assert second["resumed_from"] == result.resumed_from_step < failed_at
