@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt2 import layout, storage
 from gpt2.bill import training_bill
-from gpt2.checkpoint import store
+from gpt2.checkpoint import catalog
 from gpt2.config import Config
 from gpt2.errors import UserError
 from gpt2.train.attempts import read_attempts
@@ -33,7 +33,7 @@ def run_config(config: Config, run: str) -> Config:
     """The settings RUN trained with (its newest checkpoint's), with this
     command's runtime section: where the root is now and what an hour costs."""
     run_dir = run_dir_of(config, run)
-    latest = store.latest_checkpoint(run_dir)
+    latest = catalog.latest_checkpoint(run_dir)
     state = storage.read_record(storage.join(latest, "state.json")) if latest else None
     if not state or "config" not in state:
         if read_attempts(run_dir):  # attempts, no checkpoint yet: the command's own settings stand

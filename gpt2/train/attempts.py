@@ -31,7 +31,7 @@ import torch
 
 from gpt2 import layout, storage
 from gpt2.bill import metrics, training_bill
-from gpt2.checkpoint import store
+from gpt2.checkpoint import catalog
 from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
 from gpt2.tracking import Tracker
@@ -73,7 +73,7 @@ def _checkpoint_step(run_dir_url: str) -> int | None:
     """The step of the run's newest complete checkpoint; None when there is none
     or the root cannot be read now (an attempt's end must not hide its error)."""
     try:
-        latest = store.latest_checkpoint(run_dir_url)
+        latest = catalog.latest_checkpoint(run_dir_url)
     except Exception as err:  # noqa: BLE001 - the bill must never stop a training run
         log.warning("could not list the checkpoints of %s for the attempt record: %s", run_dir_url, err)
         return None
