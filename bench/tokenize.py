@@ -1,21 +1,31 @@
-"""Tokenizer throughput: the project's prepare path against llm.c's fineweb.py.
+"""Tokenizer throughput: the project's prepare path against llm.c's fineweb.py
+and the core limit, repeated and interleaved so that a 10% change shows.
 
-    python bench/tokenize.py --mb 50
+    python bench/tokenize.py                            # corpora of 20 and 40 MB, 3 rounds
+    python bench/tokenize.py --sizes 130,260 --repeat 5
+    python bench/tokenize.py --compare-tree ../old      # add another checkout's prepare path
 
-One run, one corpus, the same number of processes for all three:
+Each round runs, for every corpus size and in an order that rotates from round
+to round (so load drift on a shared machine hits all alike), each in a fresh
+process (bench/tokenize_runs.py):
   (a) `gpt2.data.prepare.prepare_data`: source → work units → parts → shards →
       artifact root (workers read and tokenize units; the parent hands them out);
+  (a0) the same from --compare-tree's checkout, when given;
   (b) a baseline shaped like llm.c's dev/data/fineweb.py: Pool.imap over single
-      documents (chunksize 16), one encode_ordinary and one numpy conversion
-      per document, a preallocated shard buffer in the parent, shards on disk;
-  (c) the limit: cores × one core's encode_ordinary rate on the texts in memory.
-Start-up (until the first tokens come back) is reported apart from the
-steady-state rate, which counts everything after it, shard writes included.
-For (a) and (b) it reports the coordinating process's share of the CPU time
-(its own over its own plus its workers'): the coordinator has one core, so
-1/share is the most cores the stage can keep busy.
+      documents, one encode_ordinary and one numpy conversion per document,
+      shards written by the parent;
+  (c) the limit: one core's encode_ordinary over the texts in memory (CPU and
+      wall), and the parallel ceiling (WORKERS processes doing only that).
+Figures, each as median [min-max] over the rounds:
+  CPU ns per token (all processes' CPU, coordinator and workers, over tokens):
+      the figure other load on the machine disturbs least, so it leads;
+  marginal figures between the smallest and largest size, paired within a
+      round, so start-up (spawning, imports, loading the encoding) cancels;
+  the coordinating process's share of the stage's CPU: its own CPU over its
+      own plus its workers' (1/share is the most cores it can keep busy).
 The corpus (unless --corpus is given) is bench/corpus.py's: real, varied
-English in 1-10 KB documents, JSONL with a "text" field.
+English in 1-10 KB documents, JSONL with a "text" field; smaller sizes are
+line-aligned prefixes of the largest.
 """
 
 from __future__ import annotations
@@ -31,228 +41,168 @@ sys.path.insert(0, os.path.dirname(_HERE))  # the repository, for bench.corpus
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import multiprocessing as mp  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 from bench.corpus import build_corpus  # noqa: E402
-from gpt2.data.llmc import write_shard  # noqa: E402
-from gpt2.tokenizer import EOT_TOKEN, get_encoding  # noqa: E402
 
-SHARD_SIZE = 100_000_000  # llm.c's default, for (a) and (b) alike
+RUNNER = os.path.join(_HERE, "tokenize_runs.py")
 
 
-def read_texts(path: Path):
-    # Parsed in the parent, one document at a time, as fineweb.py iterates its dataset.
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)
+def run(kind: str, corpus: Path, tmp: Path, workers: int, tree: Path | None = None) -> dict:
+    tmp.mkdir(parents=True)
+    args = [sys.executable, RUNNER, kind.split("@")[0], str(corpus), str(tmp), str(workers)]
+    proc = subprocess.run(args + ([str(tree)] if tree else []), capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise SystemExit(f"{kind} run on {corpus} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# --- (a) the project's path ---------------------------------------------------
+def prefix(corpus: Path, mb: float, out: Path) -> Path:
+    """The corpus's first whole lines up to `mb` MB."""
+    budget = int(mb * 1e6)
+    with open(corpus, "rb") as src, open(out, "wb") as dst:
+        for line in src:
+            if budget <= 0:
+                break
+            budget -= dst.write(line)
+    return out
 
 
-def run_project(corpus: Path, tmp: Path, workers: int) -> dict:
-    from gpt2.data.prepare import prepare_data
-    from gpt2.overrides import resolve_config
-
-    config = resolve_config("smoke", {
-        "data.source": str(corpus), "data.name": "bench", "data.val_tokens": 1_000_000,
-        "data.shard_size": SHARD_SIZE, "runtime.work_dir": str(tmp / "work"),
-        "runtime.num_workers": workers, "data.max_document_chars": 10**9,  # (b) and (c) cut nothing either
-    }, root=(tmp / "artifacts").as_uri())
-    first: list[tuple[float, int]] = []
-
-    def progress(docs: int, tokens: int, total: int | None) -> None:
-        if not first:
-            first.append((time.perf_counter(), tokens))
-
-    t0, cpu = time.perf_counter(), _cpu()
-    result = prepare_data(config, progress=progress, show_progress=False)
-    return {**_timing(t0, first[0], time.perf_counter(), result.total_tokens), **_cpu_share(cpu)}
-
-
-# --- (b) the llm.c fineweb.py baseline ------------------------------------------
-
-_enc = None
-
-
-def _init_baseline() -> None:
-    global _enc
-    _enc = _enc or get_encoding()  # inherited under fork, built here under spawn
-
-
-def _tokenize_doc(doc: dict) -> np.ndarray:
-    tokens = [EOT_TOKEN]  # every document starts with <|endoftext|>
-    tokens.extend(_enc.encode_ordinary(doc["text"]))
-    tokens_np = np.array(tokens)
-    assert (0 <= tokens_np).all() and (tokens_np < 2**16).all(), "token id out of uint16 range"
-    return tokens_np.astype(np.uint16)
-
-
-def _write(directory: Path, index: int, tokens: np.ndarray) -> None:
-    split = "val" if index == 0 else "train"
-    with open(directory / f"baseline_{split}_{index:06d}.bin", "wb") as f:
-        write_shard(f, tokens)
-
-
-def run_baseline(corpus: Path, tmp: Path, workers: int) -> dict:
-    out = tmp / "baseline"
-    out.mkdir(parents=True)
-    global _enc
-    t0, first, total, cpu = time.perf_counter(), None, 0, _cpu()
-    _enc = get_encoding.__wrapped__()  # built fresh in the parent, as fineweb.py does at import
-    # The default start method, as fineweb.py uses (fork on Linux: workers inherit _enc).
-    with mp.Pool(workers, initializer=_init_baseline) as pool:
-        buf, count, index = np.empty(SHARD_SIZE, dtype=np.uint16), 0, 0
-        for tokens in pool.imap(_tokenize_doc, read_texts(corpus), chunksize=16):
-            first = first or (time.perf_counter(), total)
-            total += len(tokens)
-            if count + len(tokens) < SHARD_SIZE:
-                buf[count:count + len(tokens)] = tokens
-                count += len(tokens)
-                continue
-            room = SHARD_SIZE - count  # fill this shard, spill the rest into the next
-            buf[count:] = tokens[:room]
-            _write(out, index, buf)
-            index, count = index + 1, len(tokens) - room
-            buf[:count] = tokens[room:]
-        if count:
-            _write(out, index, buf[:count])
-    return {**_timing(t0, first, time.perf_counter(), total), **_cpu_share(cpu)}
-
-
-def _cpu() -> tuple[float, ...]:
-    """CPU seconds of this process and of its finished (joined) children."""
-    return tuple(r.ru_utime + r.ru_stime for r in map(getrusage, (RUSAGE_SELF, RUSAGE_CHILDREN)))
-
-
-def _cpu_share(before: tuple[float, ...]) -> dict:
-    """The coordinator's share of the run's CPU time; its workers are joined by now."""
-    own, children = (after - b for after, b in zip(_cpu(), before))
-    return {"coordinator_cpu_s": own, "workers_cpu_s": children, "share": own / max(own + children, 1e-9)}
-
-
-def _timing(t0: float, first: tuple[float, int], end: float, total: int) -> dict:
-    t_first, tokens_first = first
-    return {"tokens": total, "startup_s": t_first - t0, "total_s": end - t0,
-            "rate": (total - tokens_first) / (end - t_first), "e2e_rate": total / (end - t0)}
-
-
-# --- (c) the limit -------------------------------------------------------------
-
-
-def _texts(corpus: Path) -> list[str]:
-    return [doc["text"] for doc in read_texts(corpus)]
-
-
-def run_limit(corpus: Path, workers: int) -> dict:
-    enc, texts = get_encoding(), _texts(corpus)
-    enc.encode_ordinary("warm up")  # the first call compiles the regex
-    t0 = time.perf_counter()
-    total = sum(len(enc.encode_ordinary(t)) for t in texts) + len(texts)  # + one EOT each
-    one_core = total / (time.perf_counter() - t0)
-    return {"tokens": total, "one_core": one_core, "rate": workers * one_core, "docs": len(texts)}
-
-
-def _encode_slice(corpus: Path, index: int, workers: int, barrier) -> None:
-    enc, texts = get_encoding(), _texts(corpus)[index::workers]
-    enc.encode_ordinary("warm up")
-    barrier.wait()  # everyone loaded: from here on only encoding is timed
-    for text in texts:
-        enc.encode_ordinary(text)
-    barrier.wait()  # done: process teardown stays out of the timing
-
-
-def run_ceiling(corpus: Path, workers: int, tokens: int) -> float:
-    """What this machine really gives when `workers` processes do nothing but
-    encode (shared or throttled cores make it less than cores × one core)."""
-    barrier = mp.Barrier(workers + 1)
-    procs = [mp.Process(target=_encode_slice, args=(corpus, i, workers, barrier)) for i in range(workers)]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    barrier.wait()
-    elapsed = time.perf_counter() - t0
-    for p in procs:
-        p.join()
-    return tokens / elapsed
-
-
-# --- report -------------------------------------------------------------------
-
-
-def measure(corpus: Path, tmp: Path, workers: int, repeat: int) -> tuple[dict, dict, dict]:
-    """Best of `repeat` interleaved rounds: on a shared machine other load only
-    ever slows a run down, so the fastest round is the least disturbed."""
-    runs = {"a": [], "b": [], "c": []}
+def measure(corpora: list[Path], tmp: Path, workers: int, repeat: int, tree: Path | None) -> list[dict]:
+    """rounds[i][(kind, size index)] = that run's figures."""
+    kinds = ["project", "baseline", "limit"] + (["project@base"] if tree else [])
+    plan = [(k, s) for s in range(len(corpora)) for k in kinds]
+    rounds = []
     for i in range(repeat):
-        c = run_limit(corpus, workers)
-        c["ceiling"] = run_ceiling(corpus, workers, c["tokens"])
-        runs["c"].append(c)
-        runs["a"].append(run_project(corpus, tmp / f"a{i}", workers))  # fresh dirs: no cache hits
-        runs["b"].append(run_baseline(corpus, tmp / f"b{i}", workers))
-        if repeat > 1:
-            print(f"round {i + 1}: " + "  ".join(f"{k} {r[-1]['rate']:,.0f}" for k, r in runs.items())
-                  + f"  ceiling {c['ceiling']:,.0f} tokens/s", flush=True)
-    c = max(runs["c"], key=lambda r: r["rate"])
-    c["ceiling"] = max(r["ceiling"] for r in runs["c"])
-    a, b = (dict(max(runs[k], key=lambda r: r["rate"])) for k in "ab")
-    # Start-up of the first round: later ones find modules already imported.
-    a["startup_s"], b["startup_s"] = runs["a"][0]["startup_s"], runs["b"][0]["startup_s"]
-    return a, b, c
+        order = plan[i % len(plan):] + plan[:i % len(plan)]  # rotate: each run sees each slot
+        runs = {}
+        for kind, s in order:
+            where = tmp / f"r{i}-{kind.replace('@', '-')}-{s}"
+            runs[kind, s] = run(kind, corpora[s], where, workers, tree if kind == "project@base" else None)
+            if kind != "limit":
+                subprocess.run(["rm", "-rf", str(where)], check=True)  # a few GB over a long run
+        rounds.append(runs)
+        big = len(corpora) - 1
+        print(f"round {i + 1}/{repeat}: " + "  ".join(
+            f"{k} {runs[k, big]['tokens'] / _wall(runs[k, big]) / 1e6:.2f}" for k in kinds)
+            + f" Mtok/s on the largest; load average {os.getloadavg()[0]:.1f}", flush=True)
+    return rounds
 
 
-def report(a: dict, b: dict, c: dict, workers: int) -> None:
-    print(f"\n{workers} processes{'':18} {'tokens':>12} {'start-up s':>10} {'total s':>8} {'tokens/s':>12}")
-    for label, r in (("(a) project prepare_data", a), ("(b) llm.c fineweb.py baseline", b)):
-        print(f"{label:32} {r['tokens']:12,} {r['startup_s']:10.2f} {r['total_s']:8.2f} {r['rate']:12,.0f}"
-              f"   (end to end {r['e2e_rate']:,.0f})")
-    print(f"{'(c) limit: cores × one core':32} {c['tokens']:12,} {'':10} {'':8} {c['rate']:12,.0f}"
-          f"   (one core {c['one_core']:,.0f})")
-    print(f"{'    measured parallel ceiling':32} {'':12} {'':10} {'':8} {c['ceiling']:12,.0f}"
-          f"   (only encoding, texts in memory)")
-    print(f"\nsteady state (start-up excluded): a/b = {a['rate'] / b['rate']:.2f} (target >= 1.2)"
-          f"   a/c = {a['rate'] / c['rate']:.2f} (target >= 0.9)   a/ceiling = {a['rate'] / c['ceiling']:.2f}")
-    print(f"end to end (start-up included):   a/b = {a['e2e_rate'] / b['e2e_rate']:.2f}"
-          f"   a/c = {a['e2e_rate'] / c['rate']:.2f}")
-    for label, r, target in (("(a)", a, "   (target <= 3%: >= 30 cores)"), ("(b)", b, "")):
-        total = r["coordinator_cpu_s"] + r["workers_cpu_s"]
-        print(f"coordinator CPU share {label}: {100 * r['share']:.2f}% of {total:.1f} CPU s -> allows "
-              f"~{1 / max(r['share'], 1e-9):.0f} cores{target}")
-    # Other load on the machine lowers every rate and the ceiling; say how much there was.
-    print("start-up: first round (cold imports); rates: best round.  load average now: "
-          + " ".join(f"{x:.1f}" for x in os.getloadavg()))
-    if not a["tokens"] == b["tokens"] == c["tokens"]:
-        raise SystemExit(f"token counts differ: a={a['tokens']:,} b={b['tokens']:,} c={c['tokens']:,}")
+def _wall(r: dict) -> float:
+    return r.get("wall_s", r.get("one_core_wall_s"))
+
+
+def _cpu(r: dict) -> float:
+    return r["coordinator_cpu_s"] + r["workers_cpu_s"] if "workers_cpu_s" in r else r["one_core_cpu_s"]
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return f"{fmt.format(mid)} [{fmt.format(lo)}-{fmt.format(hi)}]"
+
+
+def figures(runs: dict, kind: str, small: int, big: int, workers: int) -> dict:
+    """One round's figures for one kind: per token on the largest corpus, and
+    marginal (largest minus smallest, start-up cancels)."""
+    b, s = runs[kind, big], runs[kind, small]
+    dt = b["tokens"] - s["tokens"]
+    out = {"cpu_ns": 1e9 * _cpu(b) / b["tokens"], "rate": b["tokens"] / _wall(b) / 1e6}
+    if dt > 0:
+        out["m_cpu_ns"] = 1e9 * (_cpu(b) - _cpu(s)) / dt
+        out["m_rate"] = dt / (_wall(b) - _wall(s)) / 1e6
+    if kind == "limit":  # cores x one core, and what `workers` encode-only processes really gave
+        out["rate"] *= workers
+        if "m_rate" in out:
+            out["m_rate"] *= workers
+        out["ceiling"] = b["tokens"] / b["ceiling_wall_s"] / 1e6
+        out["ceiling_cpu_ns"] = 1e9 * b["ceiling_cpu_s"] / b["tokens"]
+    else:
+        out["share"] = 100 * b["coordinator_cpu_s"] / _cpu(b)
+        out["startup_s"] = s["startup_s"]
+    return out
+
+
+def report(rounds: list[dict], sizes: list[float], workers: int, tree: Path | None) -> None:
+    small, big = 0, len(sizes) - 1
+    kinds = ["project"] + (["project@base"] if tree else []) + ["baseline", "limit"]
+    per = {k: [figures(r, k, small, big, workers) for r in rounds] for k in kinds}
+    for k in kinds:
+        tokens = {r[k, big]["tokens"] for r in rounds}
+        if len(tokens) != 1 or tokens != {rounds[0]["limit", big]["tokens"]}:
+            raise SystemExit(f"token counts differ on the largest corpus: {k} {sorted(tokens)}")
+    label = {"project": "(a) prepare_data", "project@base": f"(a0) prepare_data at {tree}",
+             "baseline": "(b) fineweb.py-style", "limit": f"(c) limit: {workers} x one core"}
+    marg = len(sizes) > 1
+    print(f"\n{workers} processes, {len(rounds)} rounds; median [min-max] over rounds; "
+          f"tokens on the largest corpus ({sizes[big]:g} MB): {rounds[0]['limit', big]['tokens']:,}")
+    print(f"{'':34} {'CPU ns/token':>22} {'marginal CPU ns/token':>22} {'Mtok/s':>20} {'marginal Mtok/s':>20}")
+    for k in kinds:
+        def col(key: str, fmt: str = "{:.1f}", f: list = per[k]) -> str:
+            return spread([x[key] for x in f], fmt) if key in f[0] else "-"
+
+        print(f"{label[k]:34} {col('cpu_ns'):>22} {col('m_cpu_ns'):>22} {col('rate', '{:.2f}'):>20} "
+              f"{col('m_rate', '{:.2f}'):>20}")
+    print(f"{'    measured parallel ceiling':34} {spread([x['ceiling_cpu_ns'] for x in per['limit']], '{:.1f}'):>22} "
+          f"{'':>22} {spread([x['ceiling'] for x in per['limit']]):>20}   ({workers} processes side by side, "
+          "encode only, texts in memory)")
+    def ratio(num: str, den: str, field: str, invert: bool = False) -> str:
+        pairs = [(a[field], c[field]) for a, c in zip(per[num], per[den])]
+        return spread([(c / a) if invert else (a / c) for a, c in pairs])
+
+    rows = [("(a)/(b)", "baseline", ">= 1.2"), ("(a)/(c)", "limit", ">= 0.9")]
+    rows += [("(a)/(a0)", "project@base", "")] if tree else []
+    print("\nper round, then median [min-max];  CPU: the other's CPU per token over (a)'s;  Mtok/s: (a)'s over the other's")
+    for name, other, target in rows:
+        cpu = f"CPU {ratio('project', other, 'cpu_ns', invert=True)}"
+        mcpu = f"marginal CPU {ratio('project', other, 'm_cpu_ns', invert=True)}" if marg else ""
+        wall = f"Mtok/s {ratio('project', other, 'rate')}"
+        mwall = f"marginal Mtok/s {ratio('project', other, 'm_rate')}" if marg else ""
+        print(f"{name:9} {cpu:22} {mcpu:31} {wall:25} {mwall:31} {('target ' + target) if target else ''}")
+    own = "m_cpu_ns" if marg else "cpu_ns"  # the ceiling is encoding alone: no start-up in it
+    print(f"{'(a)/ceil':9} CPU {spread([c['ceiling_cpu_ns'] / a[own] for a, c in zip(per['project'], per['limit'])])}"
+          f"{'':31} Mtok/s {spread([a['rate'] / c['ceiling'] for a, c in zip(per['project'], per['limit'])])}")
+    for k in kinds[:-1]:
+        print(f"coordinator's share of the stage's CPU {label[k]}: {spread([x['share'] for x in per[k]])}% "
+              f"(largest corpus){'  target <= 3%' if k == 'project' else ''};  start-up to first tokens "
+              f"{spread([x['startup_s'] for x in per[k]])} s")
+    print("load average now: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mb", type=float, default=50, help="corpus size to build, in MB of JSONL")
-    parser.add_argument("--corpus", type=Path, help="use this JSONL (a 'text' field per line) instead")
+    parser.add_argument("--mb", type=float, help="one corpus of this size, in MB of JSONL (as --sizes MB)")
+    parser.add_argument("--sizes", default="20,40", help="corpus sizes in MB, comma-separated: marginal "
+                        "figures are taken between the smallest and the largest")
+    parser.add_argument("--corpus", type=Path, help="use this JSONL (a 'text' field per line) as the "
+                        "largest size instead of building one")
     parser.add_argument("--workers", type=int, default=0, help="processes for (a) and (b); 0: every core")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds; the best of each is reported")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, interleaved")
+    parser.add_argument("--compare-tree", type=Path, help="another checkout whose prepare path runs as (a0)")
     args = parser.parse_args()
-    from gpt2.data.tokenize_pool import default_workers
+    from gpt2.data.process_pool import default_workers
 
     workers = args.workers or default_workers()
+    sizes = sorted([args.mb] if args.mb else [float(x) for x in args.sizes.split(",")])
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as name:
-        tmp, corpus = Path(name), args.corpus
-        if corpus is None:
-            corpus, t = tmp / "corpus.jsonl", time.perf_counter()
-            build_corpus(corpus, args.mb)
+        tmp = Path(name)
+        largest = args.corpus
+        if largest is None:
+            largest, t = tmp / "corpus.jsonl", time.perf_counter()
+            build_corpus(largest, sizes[-1])
             print(f"built the corpus in {time.perf_counter() - t:.1f}s")
-        docs = sum(1 for _ in open(corpus, "rb"))
-        print(f"corpus: {corpus.stat().st_size / 1e6:.1f} MB, {docs:,} documents; load average "
+        else:
+            sizes[-1] = largest.stat().st_size / 1e6
+        corpora = [prefix(largest, mb, tmp / f"corpus-{mb:g}.jsonl") for mb in sizes[:-1]] + [largest]
+        sizes = [c.stat().st_size / 1e6 for c in corpora]
+        print(f"corpora: {', '.join(f'{s:.1f}' for s in sizes)} MB; {workers} workers; load average "
               + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
-        a, b, c = measure(corpus, tmp, workers, args.repeat)
-    report(a, b, c, workers)
+        rounds = measure(corpora, tmp, workers, args.repeat, args.compare_tree)
+    report(rounds, sizes, workers, args.compare_tree)
 
 
 if __name__ == "__main__":
