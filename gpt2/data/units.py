@@ -49,10 +49,19 @@ holds at most about runtime.tokenize_part_tokens tokens."""
 
 UNITS_WANTED = 1024
 """Units are cut smaller than runtime.tokenize_part_tokens when the corpus is
-small, down to MIN_UNIT_BYTES, so every core gets many units and the last
-ones finish close together."""
+small, down to UNIT_BYTES_WANTED (MIN_UNIT_BYTES for a corpus of a few MB),
+so every core gets many units and the last ones finish close together."""
 
 MIN_UNIT_BYTES = 1 << 18
+"""The smallest unit, for corpora of a few MB."""
+
+UNIT_BYTES_WANTED = 1 << 20
+"""Units are cut no smaller than this when the corpus has room for MIN_UNITS
+of them: a unit's fixed CPU cost (its record, fsyncs, rename, hand-off) is
+about 1.5-3 ms, 6-13% of encoding 256 KB but under 3% of 1 MB
+(bench/tokenize.py), and 1 MB is still only ~0.1 s of one core's encoding."""
+
+MIN_UNITS = 4
 
 Limit = tuple[int | None, int | None]
 """(documents, tokens) to keep from a unit, None for no bound."""
@@ -134,7 +143,8 @@ def plan_units(source: SourceFiles, part_tokens: int = 1 << 25) -> list[Unit]:
 
 def _unit_bytes(part_tokens: int, fmt: str, total: int) -> int:
     most = max(1, int(part_tokens * SOURCE_BYTES_PER_TOKEN[fmt]))
-    return min(most, max(total // UNITS_WANTED, MIN_UNIT_BYTES))
+    least = min(UNIT_BYTES_WANTED, max(MIN_UNIT_BYTES, total // MIN_UNITS))
+    return min(most, max(total // UNITS_WANTED, least))
 
 
 def _row_group_spans(url: str, unit_bytes: int) -> list[tuple[int, int]]:
