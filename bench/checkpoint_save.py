@@ -31,12 +31,12 @@ import torch.multiprocessing as mp
 
 from gpt2 import layout
 from gpt2.checkpoint import shares, store
+from gpt2.checkpoint.optim_share import is_sharded, state_share
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.config import ModelConfig
 from gpt2.model import GPT
 from gpt2.presets import PRESETS
-from gpt2.train.optim import is_sharded, make_optimizer
-from gpt2.train.optim_share import state_share
+from gpt2.train.optim import make_optimizer
 
 
 def _free_port() -> int:

@@ -31,8 +31,8 @@ def library_path(preset: str, root: Path, work: Path) -> float:
     from gpt2.data.prepare import prepare_data
     from gpt2.export.writer import export_checkpoint
     from gpt2.hellaswag.evaluate import evaluate_checkpoint
+    from gpt2.launch.torchrun import train_stage
     from gpt2.overrides import resolve_config
-    from gpt2.train.launch import train_stage
 
     config = resolve_config(preset, {"runtime.work_dir": str(work), "tracking.enabled": False}, root=str(root))
     t0 = time.perf_counter()

@@ -45,10 +45,10 @@ from bench.step_data import synthetic_loader
 from gpt2 import layout
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.config import ModelConfig, TrainConfig
+from gpt2.distributed import DistEnv, amp_dtype, autocast, distributed
 from gpt2.model import GPT
 from gpt2.overrides import resolve_config
 from gpt2.tracking import Tracker
-from gpt2.train.distributed import DistEnv, amp_dtype, autocast, distributed
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.step import StepContext, find_micro_batch, train_step

@@ -192,7 +192,7 @@ class RuntimeConfig(_Section):
     it gpu_count=0 and set runtime.nproc_per_node to the nodes' GPUs."""
     pool: Literal["auto", "process", "kubernetes", "gke-spot", "gke-autopilot-spot", "vertex"] = "auto"
     """Where training runs, for the time a SIGTERM (preemption) leaves the trainer to
-    write its checkpoint (gpt2.train.preemption.kill_window): `kubernetes` min(30 s,
+    write its checkpoint (gpt2.kill_window.kill_window): `kubernetes` min(30 s,
     the pod's grace), `gke-spot` 15 s, `gke-autopilot-spot` 25 s, `vertex` 30 s,
     `process` only our launchers' limits. `auto`: what the GPU pool's job template
     sets ($GPT2_POOL), else `process`. `gpt2 plan` warns when a save will not fit."""

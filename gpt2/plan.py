@@ -26,10 +26,10 @@ from gpt2.data import disk
 from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_documents, file_format, is_remote
 from gpt2.data.sources import resolve as resolve_source
 from gpt2.errors import UserError
+from gpt2.kill_window import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.model import GPT
 from gpt2.steps import planned_steps
 from gpt2.train.memory import estimate_step_bytes
-from gpt2.train.preemption import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.train.session import check_batch_shape
 from gpt2.train.step import MemorySettings, configured, memory_candidates, micro_batch_candidates
 from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of

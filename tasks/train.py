@@ -1,4 +1,4 @@
-"""Prefect task of the training stage: calls `gpt2.train.launch.train_stage`.
+"""Prefect task of the training stage: calls `gpt2.launch.torchrun.train_stage`.
 
 Cached on the training identity (gpt2.identity.train_fingerprint) + code
 version. Retrying is always safe because training resumes from the newest
@@ -18,8 +18,8 @@ from prefect.exceptions import TerminationSignal
 from gpt2 import layout
 from gpt2.config import Config
 from gpt2.identity import train_fingerprint
+from gpt2.launch.torchrun import train_stage
 from gpt2.steps import with_resolved_steps
-from gpt2.train.launch import train_stage
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError

@@ -263,11 +263,11 @@ WORKER_STOP_MARGIN_S = 15.0
 def stop_timeout(name: str) -> float:
     """How long `down` waits between SIGTERM and SIGKILL: a worker's flow runs
     may be training, and a trainer told to stop gets the launcher's whole window
-    for its checkpoint (gpt2.train.preemption.kill_window on a process pool);
+    for its checkpoint (gpt2.kill_window.kill_window on a process pool);
     a SIGKILL before it ends loses the steps since the last periodic one."""
     if not name.startswith("worker"):
         return processes.STOP_S
-    from gpt2.train.preemption import kill_window  # imports the launcher (torch): only when stopping
+    from gpt2.kill_window import kill_window  # imported only when stopping, as the rest of gpt2 is here
 
     return kill_window(distributed=False, pool="process")[0] + WORKER_STOP_MARGIN_S
 

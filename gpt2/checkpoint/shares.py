@@ -15,7 +15,7 @@ resumes under any number of ranks, ZeRO-1 or not.
     optimizer-00007-of-00008.pt
 
 Which parameters a rank stores: with ZeRO-1 the ones whose state it keeps
-anyway (gpt2.train.optim_share); with a replicated AdamW a partition balanced
+anyway (gpt2.checkpoint.optim_share); with a replicated AdamW a partition balanced
 by size, so the work is split just the same.
 """
 

@@ -22,7 +22,7 @@ import torch
 
 from gpt2.data.llmc import ShardError
 from gpt2.data.shard_source import ShardSource
-from gpt2.train.distributed import DistEnv
+from gpt2.distributed import DistEnv
 
 log = logging.getLogger(__name__)
 

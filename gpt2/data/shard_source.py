@@ -25,7 +25,7 @@ import numpy as np
 from gpt2 import layout, storage
 from gpt2.data.llmc import ShardError, read_shard
 from gpt2.data.manifest import Manifest, ShardEntry, verify_shard
-from gpt2.train.distributed import DistEnv, first_error
+from gpt2.distributed import DistEnv, first_error
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ same config resumes from the newest complete checkpoint. Exit codes: 0 done,
 1 failed, 143 stopped by SIGTERM after writing a checkpoint (rerun to resume).
 With --result PATH rank 0 also writes the result as JSON there; with
 --status PATH it appends progress and the outcome as JSON lines
-(gpt2.train.launch.StatusFile), which is how a parent process follows it.
+(gpt2.train.status_file.StatusFile), which is how a parent process follows it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 from gpt2.config import Config
 from gpt2.errors import UserError
 from gpt2.steps import with_resolved_steps
-from gpt2.train.launch import StatusFile
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
+from gpt2.train.status_file import StatusFile
 
 log = logging.getLogger("gpt2.train")
 

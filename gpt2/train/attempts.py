@@ -34,8 +34,8 @@ from gpt2.bill import metrics, training_bill
 from gpt2.checkpoint import catalog
 from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
+from gpt2.distributed import DistEnv
 from gpt2.tracking import Tracker
-from gpt2.train.distributed import DistEnv
 from gpt2.train.progress import Progress, StepInfo
 
 log = logging.getLogger(__name__)

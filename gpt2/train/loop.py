@@ -32,10 +32,10 @@ from gpt2 import layout
 from gpt2.checkpoint.lease import LeaseLost
 from gpt2.checkpoint.staging import staging_dir
 from gpt2.checkpoint.writer import CheckpointWriter
+from gpt2.distributed import any_rank
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
 from gpt2.train import memory
-from gpt2.train.distributed import any_rank
 from gpt2.train.failure_board import FailureBoard
 from gpt2.train.hellaswag_in_loop import InLoopHellaSwag
 from gpt2.train.optim import lr_at, set_lr

@@ -8,7 +8,7 @@ at `max_steps`.
 With `runtime.shard_optimizer` on several ranks the same AdamW runs as ZeRO-1
 (torch's ZeroRedundancyOptimizer): each rank keeps the moments of its share of
 the parameters, steps that share and broadcasts it. Each rank checkpoints the
-state it keeps (gpt2.train.optim_share), and the shares merged are a plain
+state it keeps (gpt2.checkpoint.optim_share), and the shares merged are a plain
 AdamW's state, so any run resumes under any setting and any number of ranks.
 """
 
@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import sys
 
 import torch
 import torch.distributed as dist
 
+from gpt2.checkpoint.optim_share import is_sharded
 from gpt2.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,6 @@ def _sharded_adamw() -> type:
             super().load_state_dict({**state_dict, "state": state})
 
     return ShardedAdamW
-
-
-def is_sharded(optimizer: torch.optim.Optimizer) -> bool:
-    """A ZeRO-1 optimizer (none can exist before torch.distributed.optim is imported)."""
-    zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
-    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,

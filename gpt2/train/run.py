@@ -11,9 +11,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from gpt2.config import Config
+from gpt2.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.steps import with_resolved_steps
 from gpt2.train.attempts import Attempt, settle
-from gpt2.train.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo

@@ -21,11 +21,11 @@ from gpt2.config import Config
 from gpt2.data.loader import TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard_source import ShardSource
+from gpt2.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
 from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
 from gpt2.train import memory
-from gpt2.train.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch

@@ -14,8 +14,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from gpt2.distributed import DistEnv, all_reduce, autocast
 from gpt2.train import memory
-from gpt2.train.distributed import DistEnv, all_reduce, autocast
 from gpt2.train.optim import local_part, owned_params
 from gpt2.train.throughput import synchronize
 

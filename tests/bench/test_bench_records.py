@@ -12,7 +12,7 @@ import torch
 
 from bench import records
 from bench.step_data import synthetic_loader
-from gpt2.train.distributed import DistEnv
+from gpt2.distributed import DistEnv
 
 CPU = torch.device("cpu")
 KEYS = {"date", "commit", "device", "torch", "bench", "micro_batch", "tok_s_eager", "tok_s_compiled",

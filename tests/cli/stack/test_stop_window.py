@@ -9,7 +9,7 @@ import textwrap
 import time
 
 from cli.stack import processes, services
-from gpt2.train.launch import STOP_GRACE_S
+from gpt2.kill_window import STOP_GRACE_S
 
 # A "worker" whose flow run, told to stop, takes longer than a server is given to write its checkpoint.
 WORKER = textwrap.dedent("""

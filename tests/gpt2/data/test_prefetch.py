@@ -19,7 +19,7 @@ from gpt2.data.llmc import ShardError, write_shard
 from gpt2.data.loader import TrainLoader
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard_source import ShardSource, cached_name
-from gpt2.train.distributed import DistEnv
+from gpt2.distributed import DistEnv
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2.train.distributed import DistEnv, broadcast_bytes
+from gpt2.distributed import DistEnv, broadcast_bytes
 
 
 def _free_port() -> int:

@@ -12,8 +12,8 @@ import json
 import pytest
 from aiohttp import web
 
-from gpt2.train import k8s_run, k8s_status
-from gpt2.train.k8s_status import NodeLost
+from gpt2.launch import k8s_run, k8s_status
+from gpt2.launch.k8s_status import NodeLost
 from tests.gpt2.train.test_k8s_job import FLOW_POD
 
 NS, NAME = "training", "gpt2-train-abc"

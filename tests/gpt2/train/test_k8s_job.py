@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpt2.config import Config
-from gpt2.train import k8s_status, k8s_template, multinode
-from gpt2.train.k8s_status import NodeLost, job_state, outcome
+from gpt2.launch import k8s_status, k8s_template, multinode
+from gpt2.launch.k8s_status import NodeLost, job_state, outcome
 from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
@@ -76,7 +76,7 @@ def test_every_object_is_what_kubernetes_takes_and_what_the_pods_need(tmp_path):
     assert [t.key for t in pod.tolerations] == [t["key"] for t in FLOW_POD["spec"]["tolerations"]]
     [c] = pod.containers
     assert c.image == FLOW_POD["spec"]["containers"][0]["image"] and c.image_pull_policy == "Always"
-    assert c.command == ["/usr/bin/tini", "--"] and c.args[:3] == ["python", "-m", "gpt2.train.node"]
+    assert c.command == ["/usr/bin/tini", "--"] and c.args[:3] == ["python", "-m", "gpt2.launch.node"]
     assert {e.name: e.value for e in c.env} == {"HF_HOME": "/cache/hf"}  # not the flow run's own id
     assert c.env_from[0].secret_ref.name == "gpt2-credentials"
     assert c.resources.limits == {"nvidia.com/gpu": "8", "memory": "200Gi"} and c.resources.requests == {"cpu": "40"}
@@ -121,7 +121,7 @@ def test_training_pods_get_their_own_gpu_and_a_coordinating_pod_needs_none(tmp_p
     from prefect.utilities.schema_tools import validate
 
     from gpt2.errors import UserError
-    from gpt2.train import k8s_run
+    from gpt2.launch import k8s_run
 
     gpu = "nvidia-h100-80gb"
     assert gpu != FLOW_POD["spec"]["nodeSelector"][k8s_template.GPU_LABEL]
@@ -242,7 +242,7 @@ def test_the_pods_command_trains_as_two_local_pods_and_their_records_give_the_re
 def test_the_role_grants_every_call_the_flow_makes():
     import yaml
 
-    from gpt2.train import k8s_run
+    from gpt2.launch import k8s_run
 
     rbac = list(yaml.safe_load_all((REPO / "deployments" / "multinode" / "rbac.yaml").read_text()))
     [role] = [d for d in rbac if d["kind"] == "Role"]

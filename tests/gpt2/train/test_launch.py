@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpt2.checkpoint import store
-from gpt2.train.launch import StatusFile, step_info, torchrun_command, torchrun_train
+from gpt2.launch.torchrun import torchrun_command, torchrun_train
 from gpt2.train.progress import StepInfo
 from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
+from gpt2.train.status_file import StatusFile, step_info
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
 INFO = StepInfo(step=12, max_steps=60, loss=7.12345, lr=1e-3, grad_norm=0.8123, tokens_per_second=15321.7,
@@ -91,7 +92,7 @@ def test_torchrun_sigterm_outcome_is_preempted_and_a_training_error_is_named(tmp
 PARENT = """
 import json, sys
 from gpt2.config import Config
-from gpt2.train.launch import torchrun_train
+from gpt2.launch.torchrun import torchrun_train
 config = Config.model_validate(json.load(open(sys.argv[1])))
 torchrun_train(config, progress=lambda info: print("step", info.step, flush=True), log_line=lambda line: None)
 """

@@ -19,10 +19,11 @@ import torch
 
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
-from gpt2.train import multinode
+from gpt2.launch import multinode
+from gpt2.launch.torchrun import torchrun_command
 from gpt2.train.attempts import read_attempts
-from gpt2.train.launch import StatusFile, torchrun_command
 from gpt2.train.run import PREEMPTED_EXIT_CODE
+from gpt2.train.status_file import StatusFile
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import weights
 
@@ -158,7 +159,7 @@ def test_sigterm_on_one_node_stops_both_with_a_checkpoint_and_a_rerun_resumes(on
 
 
 def test_the_launcher_refuses_a_config_that_cannot_rendezvous(tmp_path):
-    from gpt2.train.launch import train_stage
+    from gpt2.launch.torchrun import train_stage
     from gpt2.train.session import TrainingError
 
     with pytest.raises(multinode.RendezvousError, match=r"runtime\.nnodes=2 needs runtime\.rdzv_endpoint"):
@@ -188,11 +189,11 @@ def test_rendezvous_flags_and_the_local_root_warning(tmp_path, caplog):
     other = tiny_config(tmp_path, **{"runtime.nnodes": 4, "runtime.rdzv_endpoint": "node0:1234"})
     assert multinode.rdzv_id(other) == multinode.rdzv_id(config)
     assert multinode.rendezvous_args(tiny_config(tmp_path)) == ["--standalone"]
-    with caplog.at_level("WARNING", logger="gpt2.train.multinode"):
+    with caplog.at_level("WARNING", logger="gpt2.launch.multinode"):
         multinode.check(config)
     assert "storage all nodes share" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="gpt2.train.multinode"):
+    with caplog.at_level("WARNING", logger="gpt2.launch.multinode"):
         multinode.check(tiny_config("memory://shared-root", **{"runtime.nnodes": 2,
                                                                "runtime.rdzv_endpoint": "n0:29500"}))
     assert caplog.text == ""

@@ -12,9 +12,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpt2.config import ModelConfig, TrainConfig
+from gpt2.distributed import DistEnv
 from gpt2.model import GPT
 from gpt2.train import memory
-from gpt2.train.distributed import DistEnv
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import DDP_BUCKETS, DEFAULT_BUCKET_CAP_MB, bucket_cap_mb, wrap_ddp
 from gpt2.train.step import StepContext, find_micro_batch

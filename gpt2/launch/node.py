@@ -1,7 +1,7 @@
 """One node of a multi-node training Job on Kubernetes (the pods of
 deployments/multinode/training-job.yaml run this):
 
-    python -m gpt2.train.node --config run.json --launch launch.json --job NAME
+    python -m gpt2.launch.node --config run.json --launch launch.json --job NAME
 
 It runs this machine's part of the run through the same launcher as one
 machine (torchrun with the config's c10d rendezvous, SIGTERM handed on to
@@ -24,10 +24,10 @@ from pathlib import Path
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
-from gpt2.train.launch import torchrun_train
+from gpt2.launch.torchrun import torchrun_train
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted
 
-log = logging.getLogger("gpt2.train.node")
+log = logging.getLogger("gpt2.launch.node")
 
 
 def outcome_url(config: Config, job: str, index: int) -> str:
@@ -52,7 +52,7 @@ def run_node(config: Config, job: str, index: int, parent_run_id: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpt2.train.node", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gpt2.launch.node", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, type=Path, help="full config JSON, rendezvous included")
     parser.add_argument("--launch", type=Path, help='JSON {"parent_run_id": ..., "tags": {...}} for MLflow')
     parser.add_argument("--job", required=True, help="the Job's name: where this node records its outcome")

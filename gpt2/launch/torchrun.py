@@ -1,7 +1,7 @@
 """Run the training stage on this machine: in-process on one device, or as
 `torchrun --nproc_per_node=N -m gpt2.train` for several GPUs, and with
 `runtime.nnodes` > 1 as this machine's part of a c10d rendezvous
-(gpt2.train.multinode).
+(gpt2.launch.multinode).
 
 A torchrun child reports in structured form, never through its log lines:
 rank 0 (and, on the other machines of a multi-node run, each one's local
@@ -29,47 +29,18 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from gpt2 import layout
+from gpt2 import kill_window, layout
 from gpt2.config import Config
-from gpt2.train import multinode, preemption
-from gpt2.train.distributed import resolve_nproc, visible_gpus
+from gpt2.distributed import resolve_nproc, visible_gpus
+from gpt2.kill_window import STOP_GRACE_S
+from gpt2.launch import multinode
 from gpt2.train.preemption import SigtermGuard
-from gpt2.train.progress import Progress, StepInfo
+from gpt2.train.progress import Progress
 from gpt2.train.run import Preempted, TrainResult, train
 from gpt2.train.session import TrainingError, check_batch_shape
+from gpt2.train.status_file import StatusFile, step_info
 
 log = logging.getLogger(__name__)
-
-class StatusFile:
-    """The JSON-lines status file a torchrun child's rank 0 writes and its parent reads."""
-
-    def __init__(self, path: Path):
-        self.path, self._offset = path, 0
-
-    def write(self, event: str, **fields) -> None:
-        # One write per line, flushed: a reader sees whole lines or none of a line.
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"event": event, **fields}) + "\n")
-
-    def step(self, info: StepInfo) -> None:
-        self.write("step", **info.to_dict())
-
-    def read_new(self) -> list[dict]:
-        """Events appended since the last call (a torn last line waits for the next call)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
-
-
-def step_info(event: dict) -> StepInfo:
-    return StepInfo(**{k: v for k, v in event.items() if k != "event"})
-
 
 def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_run_id: str | None,
                      tags: dict | None, rendezvous: list[str] | None = None) -> list[str]:
@@ -95,10 +66,6 @@ def _terminate_with_parent() -> None:
 
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-STOP_GRACE_S = 120.0
-"""How long a trainer told to stop may take to write its checkpoint before it is killed."""
 
 
 def _orchestrated() -> bool:
@@ -148,7 +115,7 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
         emit("starting: " + " ".join(cmd))
         # runtime.pool reaches the trainer's checkpoint writer (its kill window) through the environment.
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               preemption.POOL_ENV: preemption.resolve_pool(config.runtime.pool)}
+               kill_window.POOL_ENV: kill_window.resolve_pool(config.runtime.pool)}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 preexec_fn=_terminate_with_parent)
         tail: deque[str] = deque(maxlen=40)
@@ -196,8 +163,8 @@ def expected_save_warning(config: Config, nproc: int) -> str | None:
     from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, model_size  # plan imports the trainer's modules
 
     distributed = nproc > 1 or config.runtime.nnodes > 1
-    window = preemption.kill_window(distributed, config.runtime.pool)
-    return preemption.expected_window_warning(model_size(config)[0] * CHECKPOINT_BYTES_PER_PARAM,
+    window = kill_window.kill_window(distributed, config.runtime.pool)
+    return kill_window.expected_window_warning(model_size(config)[0] * CHECKPOINT_BYTES_PER_PARAM,
                                               layout.local_root(config) is None, window,
                                               config.train.checkpoint_every)
 
@@ -218,7 +185,7 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
         if log_line:
             log_line("WARNING: " + warning)
     if config.runtime.nnodes > 1 and isolate:
-        from gpt2.train import k8s_run  # imports the launcher itself (a node pod runs torchrun_train)
+        from gpt2.launch import k8s_run  # imports this module (a node pod runs torchrun_train)
 
         if k8s_run.in_cluster():  # a pod of the Kubernetes pool: the nodes are the pods of a Job of their own
             multinode.warn_unshared_root(config)

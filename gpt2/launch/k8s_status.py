@@ -1,5 +1,5 @@
 """Reading a multi-node training Job: whether it is over, and what its nodes
-report (the records gpt2.train.node writes under the root).
+report (the records gpt2.launch.node writes under the root).
 
 The outcome maps to the same results and exceptions as one machine's
 launcher: all nodes done -> the TrainResult of the node that held global
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gpt2 import storage
 from gpt2.config import Config
-from gpt2.train.node import outcome_url
+from gpt2.launch.node import outcome_url
 from gpt2.train.run import Preempted, TrainResult
 from gpt2.train.session import TrainingError
 

@@ -1,6 +1,6 @@
 """Multi-node training from a pod of the Kubernetes GPU pool: create the
 objects of deployments/multinode/training-job.yaml, wait for the Job, and
-turn the nodes' records into the result (gpt2.train.k8s_status).
+turn the nodes' records into the result (gpt2.launch.k8s_status).
 
 The Job is named for the run and the flow run, so a rescheduled attempt of
 the same flow run finds a Job it started and still running and waits for it
@@ -26,7 +26,7 @@ from typing import Callable
 
 from gpt2.config import Config
 from gpt2.errors import UserError
-from gpt2.train import k8s_status, k8s_template
+from gpt2.launch import k8s_status, k8s_template
 from gpt2.train.run import TrainResult
 
 log = logging.getLogger(__name__)

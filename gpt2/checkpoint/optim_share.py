@@ -10,10 +10,17 @@ AdamW every rank holds all of it and stores the part
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from gpt2.checkpoint.shares import partition
-from gpt2.train.optim import is_sharded
+
+
+def is_sharded(optimizer: torch.optim.Optimizer) -> bool:
+    """A ZeRO-1 optimizer (none can exist before torch.distributed.optim is imported)."""
+    zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
 
 
 def state_share(optimizer: torch.optim.Optimizer, rank: int, world_size: int) -> dict:
