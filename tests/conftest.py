@@ -21,6 +21,11 @@ os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 # Read by gcsfs at import: otherwise it probes bucket types over gRPC, which
 # the GCS emulator does not answer, and stalls.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Under pytest -n, each worker's torch (and the trainers it starts) gets one
+# intra-op thread: workers already fill the cores, and OpenMP threads of
+# several processes spinning on the same cores slow every one of them down.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from gpt2.overrides import resolve_config  # noqa: E402
 

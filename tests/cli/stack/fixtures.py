@@ -13,7 +13,11 @@ def clean_env(home: Path) -> dict[str, str]:
     """This machine's environment minus anything that points Prefect elsewhere."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
-    return {**env, "HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # One intra-op thread per trainer: the stack's processes share two cores, and
+    # two OpenMP threads per trainer spin against each other and everything else
+    # (a smoke step ran 20x slower that way). A user's own setting is kept.
+    return {**env, "HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
 def gpt2(env: dict[str, str], cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
