@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -41,6 +42,7 @@ def test_cli_json_result(tmp_path, prefect_server):
     assert storage.read_json(storage.join(result["checkpoint"], "state.json"))["val_loss"] == result["final_val_loss"]
 
 
+@pytest.mark.e2e  # two `gpt2 train` processes, each with its flow and trainer, through a SIGTERM
 def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(tmp_path, prefect_server):
     import os
     import signal
@@ -52,7 +54,8 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
     from gpt2.checkpoint import store
 
     overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.max_steps": 400,
-                 "train.checkpoint_every": 10_000, "train.eval_every": 10_000, "train.sample_every": 10_000}
+                 "train.checkpoint_every": 10_000, "train.eval_every": 10_000, "train.sample_every": 10_000,
+                 "eval.every_steps": 0}  # no in-loop HellaSwag: the steps are what the signal must land in
     config = tiny_config(tmp_path / "root", **overrides)
     write_dataset(config)
     cmd = [sys.executable, "-m", "cli.main", "train", "--preset", "smoke", "--root", str(tmp_path / "root"), "--json"]

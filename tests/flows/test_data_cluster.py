@@ -111,6 +111,7 @@ def test_cluster_run_gives_the_one_machine_shards(prefect_server, corpus, one_ma
     assert data_flow(**args)["cached"] is True
 
 
+@pytest.mark.e2e  # the CLI process, its temporary Prefect server and a Dask cluster of worker processes
 def test_cli_local_cluster_on_prefect_temporary_server(corpus, one_machine, tmp_path):
     """`gpt2 prepare --set runtime.data_cluster=local` with no PREFECT_API_URL:
     the units report to the temporary server Prefect starts for the run, which

@@ -6,6 +6,7 @@ their own find the same run."""
 from __future__ import annotations
 
 import mlflow
+import pytest
 
 from flows.evaluate import eval_flow
 from flows.export import export_flow
@@ -16,6 +17,7 @@ from gpt2.overrides import resolve_config
 from gpt2.tracking import default_tracking_uri
 
 
+@pytest.mark.e2e  # the whole pipeline with an epoch-long run, then evaluate and export
 def test_one_epoch_of_the_prepared_split(prefect_server, tmp_path):
     root, work = tmp_path / "root", tmp_path / "work"
     # A small split (about 10 steps of 1,024 tokens) keeps the run short.

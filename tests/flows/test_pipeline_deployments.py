@@ -20,9 +20,18 @@ import signal
 
 import pytest
 
-from tests.flows.pipeline_stack import (PIPELINE_TIMEOUT_S, assert_completed, child, client, deployment_run,
-                                        flow_run_process, overrides, pipeline_completed, wait_checkpoint,
-                                        wait_final)
+from tests.flows.pipeline_stack import (
+    PIPELINE_TIMEOUT_S,
+    assert_completed,
+    child,
+    client,
+    deployment_run,
+    flow_run_process,
+    overrides,
+    pipeline_completed,
+    wait_checkpoint,
+    wait_final,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -64,6 +64,7 @@ def planted_secrets(tmp_path, monkeypatch):
     return [*FAKE.values(), FAKE_KEY], key
 
 
+@pytest.mark.e2e  # the whole pipeline, every stage: end to end, in one process
 def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     import mlflow
 

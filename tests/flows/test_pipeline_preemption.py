@@ -23,9 +23,20 @@ import time
 import pytest
 
 from tests.cli.stack.fixtures import gpt2
-from tests.flows.pipeline_stack import (PIPELINE_TIMEOUT_S, assert_completed, checkpoint_step, child, client,
-                                        deployment_run, flow_run_process, gpu_pool_paused, layout_run_dir,
-                                        overrides, pipeline_completed, wait_settled)
+from tests.flows.pipeline_stack import (
+    PIPELINE_TIMEOUT_S,
+    assert_completed,
+    checkpoint_step,
+    child,
+    client,
+    deployment_run,
+    flow_run_process,
+    gpu_pool_paused,
+    layout_run_dir,
+    overrides,
+    pipeline_completed,
+    wait_settled,
+)
 
 pytestmark = pytest.mark.e2e
 

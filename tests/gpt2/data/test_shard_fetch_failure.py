@@ -9,21 +9,14 @@ timeout, so a hang fails the test."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
-
-import torch.multiprocessing as mp
 
 from gpt2 import layout, storage
 from gpt2.data.manifest import load_manifest
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn
 
-REPO = Path(__file__).resolve().parents[3]
 RUN_TIMEOUT_S = 240
 
 
@@ -33,21 +26,12 @@ def _config(root: str, tmp: Path):
 
 
 def _worker(rank: int, root: str, tmp: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    outcome = {"rank": rank}
-    try:
-        outcome["result"] = train(_config(root, Path(tmp))).to_dict()
-    except Exception as err:  # noqa: BLE001 - what each rank ended with is the point
-        outcome["error"] = f"{type(err).__name__}: {err}"
-    Path(tmp, f"rank{rank}.json").write_text(json.dumps(outcome))
+    join_as(rank, port)
+    record_outcome(tmp, rank, lambda: train(_config(root, Path(tmp))))
 
 
 def main(root: str, tmp: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(root, tmp, port), nprocs=2)
+    spawn(_worker, root, tmp)
 
 
 def test_a_shard_the_downloader_cannot_fetch_ends_every_rank_with_its_error(gcs_emulator, tmp_path):
@@ -61,9 +45,8 @@ def test_a_shard_the_downloader_cannot_fetch_ends_every_rank_with_its_error(gcs_
     storage.write_bytes_atomic(damaged, bytes(data))
 
     code = f"from tests.gpt2.data.test_shard_fetch_failure import main; main({gcs_emulator!r}, {str(tmp_path)!r})"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FSSPEC_GCS_TOKEN": "anon"}  # the emulator takes no credentials
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True, timeout=RUN_TIMEOUT_S)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # The emulator takes no credentials.
+    ranks = run_pair(code, tmp_path, timeout=RUN_TIMEOUT_S, env={"FSSPEC_GCS_TOKEN": "anon"})
 
     assert "result" not in ranks[0] and "result" not in ranks[1]
     own = ranks[0]["error"]

@@ -7,22 +7,16 @@ subprocess bounded by a timeout, so a hang fails the test instead of blocking it
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
-
-import torch.multiprocessing as mp
 
 from gpt2 import storage
 from gpt2.checkpoint import store
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn
 
-REPO = Path(__file__).resolve().parents[3]
 FAIL_AT = 3  # the step whose report fails on rank 0 (checkpoints at 2, 4, ...)
 
 
@@ -33,9 +27,8 @@ class ReportFailed(RuntimeError):
     pass
 
 
-def _worker(rank: int, tmp: str, port: int, case: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _worker(rank: int, tmp: str, case: str, port: int) -> None:
+    join_as(rank, port)
 
     def progress(info) -> None:  # rank 0's reporting (only rank 0 reports)
         if info.step == FAIL_AT and case == "fail":
@@ -43,28 +36,18 @@ def _worker(rank: int, tmp: str, port: int, case: str) -> None:
         if info.step == 3 and case == "stop":  # after step 3's flags: agreed at step 4's
             os.kill(os.getpid(), signal.SIGTERM)
 
-    outcome = {"rank": rank}
-    try:
-        result = train(tiny_config(Path(tmp), **(STOP if case == "stop" else {})), progress=progress)
-        outcome["result"] = result.to_dict()
-    except Exception as err:  # noqa: BLE001 - what each rank ended with is the point
-        outcome["error"] = f"{type(err).__name__}: {err}"
-    Path(tmp, f"rank{rank}.json").write_text(json.dumps(outcome))
+    record_outcome(tmp, rank, lambda: train(tiny_config(Path(tmp), **(STOP if case == "stop" else {})),
+                                            progress=progress))
 
 
 def main(tmp: str, case: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(tmp, port, case), nprocs=2)
+    spawn(_worker, tmp, case)
 
 
 def _two_ranks(tmp: Path, case: str) -> list[dict]:
-    """Both ranks' outcomes; a hang fails here (subprocess timeout)."""
-    code = f"from tests.gpt2.train.test_rank_failures import main; main({str(tmp)!r}, {case!r})"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                   check=True, timeout=240)
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    """Both ranks' outcomes; a hang fails here."""
+    return run_pair(f"from tests.gpt2.train.test_rank_failures import main; main({str(tmp)!r}, {case!r})", tmp,
+                    timeout=240)
 
 
 def test_a_failure_in_rank_0_reporting_stops_both_ranks_with_its_message(tmp_path):

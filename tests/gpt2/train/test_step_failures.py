@@ -11,22 +11,16 @@ that bound, so waiting it out fails the test as a hang."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from gpt2.checkpoint import store
 from gpt2.model import GPT
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn
 
-REPO = Path(__file__).resolve().parents[3]
 RUN_TIMEOUT_S = 240  # the subprocess's bound; the collective timeout is far beyond it
 SETTINGS = {"runtime.collective_timeout_s": 50 * RUN_TIMEOUT_S}
 FAIL_AT = 3  # the step whose forward fails (one micro-batch per rank per step; checkpoints at 2, 4, ...)
@@ -55,33 +49,22 @@ def _inject(case: str) -> None:
     GPT.forward = forward
 
 
-def _worker(rank: int, tmp: str, port: int, case: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _worker(rank: int, tmp: str, case: str, port: int) -> None:
+    join_as(rank, port)
     if rank == CASES[case]:
         _inject(case)
-    outcome = {"rank": rank}
-    try:
-        outcome["result"] = train(tiny_config(Path(tmp), **SETTINGS)).to_dict()
-    except Exception as err:  # noqa: BLE001 - what each rank ended with is the point
-        outcome["error"] = f"{type(err).__name__}: {err}"
-    Path(tmp, f"rank{rank}.json").write_text(json.dumps(outcome))
+    record_outcome(tmp, rank, lambda: train(tiny_config(Path(tmp), **SETTINGS)))
 
 
 def main(tmp: str, case: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(tmp, port, case), nprocs=2)
+    spawn(_worker, tmp, case)
 
 
 def _two_ranks(tmp: Path, case: str) -> list[dict]:
-    """Both ranks' outcomes; a hang fails here (subprocess timeout)."""
+    """Both ranks' outcomes; a hang fails here."""
     write_dataset(tiny_config(tmp, **SETTINGS))
-    code = f"from tests.gpt2.train.test_step_failures import main; main({str(tmp)!r}, {case!r})"
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                   check=True, timeout=RUN_TIMEOUT_S)
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return run_pair(f"from tests.gpt2.train.test_step_failures import main; main({str(tmp)!r}, {case!r})", tmp,
+                    timeout=RUN_TIMEOUT_S)
 
 
 def _newest_checkpoint(tmp: Path) -> str:
