@@ -30,6 +30,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from gpt2.overrides import resolve_config  # noqa: E402
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the default): a worker more than the cores. Many tests spend
+    part of their time waiting (on a server, an automation, a sleeping
+    process), and a third worker keeps both cores of a 2-core machine busy."""
+    return (os.cpu_count() or 1) + 1
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """A real temporary Prefect server (SQLite) for the whole session; yields its API URL."""
