@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import signal
-import threading
-import traceback
+import subprocess
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
+from gpt2.data.pool_worker import Failure, Finish, command
 from gpt2.errors import UserError
+
+__all__ = ["Finish", "TokenizeWorkerError", "default_workers", "run_pool"]
 
 AHEAD_PER_WORKER = 2
 """Batches sent to a worker before its oldest comes back, so it never idles
@@ -66,103 +67,50 @@ def run_pool(fn: Callable, jobs: Iterable[tuple[object, object]], workers: int, 
         pool.close(graceful=finished)  # an error or an early stop kills the workers at once
 
 
-# --- the workers --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Finish:
-    """A reply whose rest only waits on I/O: the worker calls `rest()` on its
-    sending thread and sends what it returns (or the failure it raises)."""
-
-    rest: Callable[[], object]
-
-
-@dataclass(frozen=True)
-class _Failure:
-    """What a worker sends back instead of a result when its job raised."""
-
-    error: str
-    traceback: str
-    user_error: UserError | None = None
-    """Bad input (a UserError), raised as itself in the parent."""
-
-
-def _serve(tasks: Connection, results: Connection, fn: Callable, warm_up: Callable | None) -> None:
-    """A worker: apply fn to the jobs it is sent, in order, until None or the parent goes."""
-    # Ctrl-C reaches the whole process group: the parent decides, and stops us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if warm_up is not None:
-        warm_up()
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
-    threading.Thread(target=_receive, args=(tasks, inbox), daemon=True).start()
-    sender = threading.Thread(target=_send_replies, args=(results, outbox), daemon=True)
-    sender.start()
-    while (job := inbox.get()) is not None:
-        outbox.put(_attempt(fn, job))
-    outbox.put(None)
-    sender.join()  # the last replies' rest (a unit's fsyncs) is done before the worker exits
-
-
-def _attempt(fn: Callable, *args) -> object:
-    try:
-        return fn(*args)
-    except BaseException as err:  # noqa: BLE001 - tiktoken's PanicException is not an Exception
-        user = err if isinstance(err, UserError) else None
-        return _Failure(f"{type(err).__name__}: {err}", traceback.format_exc(), user)
-
-
-def _send_replies(results: Connection, outbox: queue.SimpleQueue) -> None:
-    """Send replies in job order, first finishing those that return Finish."""
-    while (reply := outbox.get()) is not None:
-        if isinstance(reply, Finish):
-            reply = _attempt(reply.rest)
-        try:
-            results.send(reply)
-        except OSError:  # the parent is gone
-            return
-
-
-def _receive(tasks: Connection, inbox: queue.SimpleQueue) -> None:
-    # Read batches as they come, even while one is encoded: otherwise the
-    # parent, blocked sending us a batch, and we, blocked sending it a result,
-    # would wait on each other.
-    try:
-        while (texts := tasks.recv()) is not None:
-            inbox.put(texts)
-    except (EOFError, OSError):  # the parent is gone
-        pass
-    inbox.put(None)
-
-
 # --- the parent's side ----------------------------------------------------------
 
 
 @dataclass
 class _Worker:
-    process: mp.process.BaseProcess
+    process: subprocess.Popen
     tasks: Connection
     results: Connection
     held: deque = field(default_factory=deque)
     """(index, label) of jobs sent and not yet answered, oldest (the one being worked on) first."""
 
     @classmethod
-    def start(cls, ctx, fn: Callable, warm_up: Callable | None) -> _Worker:
-        tasks_out, tasks_in = ctx.Pipe(duplex=False)
-        results_out, results_in = ctx.Pipe(duplex=False)
-        # spawn, not fork: the parent may hold threads (datasets, Prefect) that
-        # a forked child would inherit in a locked state.
-        process = ctx.Process(target=_serve, args=(tasks_out, results_in, fn, warm_up), name="tokenize-worker",
-                              daemon=True)
-        process.start()
+    def start(cls, fn: Callable, warm_up: Callable | None) -> _Worker:
+        tasks_out, tasks_in = mp.Pipe(duplex=False)
+        results_out, results_in = mp.Pipe(duplex=False)
+        # A fresh interpreter, not a fork: the parent may hold threads
+        # (datasets, Prefect) that a forked child would inherit in a locked
+        # state; and not multiprocessing's spawn, which imports the parent's
+        # main module in every worker (gpt2.data.pool_worker says why).
+        fds = (tasks_out.fileno(), results_in.fileno())
+        process = subprocess.Popen(command(*fds), pass_fds=fds, stdin=subprocess.DEVNULL)
         # Drop our copies of the worker's ends, so its death reads as EOF here.
         tasks_out.close()
         results_in.close()
-        return cls(process, tasks_in, results_out)
+        worker = cls(process, tasks_in, results_out)
+        try:
+            tasks_in.send((fn, warm_up))
+        except OSError:
+            raise worker.died() from None
+        return worker
 
-    def died(self) -> TokenizeWorkerError:
-        self.process.join(EXIT_WAIT_S)
-        code, pid = self.process.exitcode, self.process.pid
+    def exit_code(self, wait_s: float) -> int | None:
+        try:
+            return self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def died(self) -> UserError:
+        try:  # a worker that could not start says why before it exits
+            if self.results.poll(0) and isinstance(reply := self.results.recv(), Failure):
+                return self.failed(reply)
+        except (EOFError, OSError):
+            pass
+        code, pid = self.exit_code(EXIT_WAIT_S), self.process.pid
         if code is None:
             how = "stopped answering"
         elif code < 0:
@@ -176,12 +124,12 @@ class _Worker:
             "after the last complete part."
         )
 
-    def failed(self, failure: _Failure) -> UserError:
+    def failed(self, failure: Failure) -> UserError:
         if failure.user_error is not None:  # bad input: the same error as in a single process
             failure.user_error.__cause__ = RuntimeError("traceback in the worker:\n" + failure.traceback)
             return failure.user_error
-        job = self.held[0][1]
-        err = TokenizeWorkerError(f"tokenizer worker (pid {self.process.pid}) failed on {job}: {failure.error}")
+        job = f"on {self.held[0][1]}" if self.held else "before its first job"
+        err = TokenizeWorkerError(f"tokenizer worker (pid {self.process.pid}) failed {job}: {failure.error}")
         err.__cause__ = RuntimeError("traceback in the worker:\n" + failure.traceback)
         return err
 
@@ -195,12 +143,11 @@ def _signal_name(number: int) -> str:
 
 class _Pool:
     def __init__(self, workers: int, fn: Callable, warm_up: Callable | None = None, ahead: int = AHEAD_PER_WORKER):
-        ctx = mp.get_context("spawn")
         self.ahead = ahead
         self.workers: list[_Worker] = []
         try:
             for _ in range(workers):
-                self.workers.append(_Worker.start(ctx, fn, warm_up))
+                self.workers.append(_Worker.start(fn, warm_up))
         except BaseException:
             self.close(graceful=False)
             raise
@@ -239,22 +186,19 @@ class _Pool:
             raise worker.died() from None
 
     def _collect(self, ready: dict) -> None:
-        """Wait for a result or a worker's exit, whichever comes first."""
-        answering = {w.results: w for w in self.workers if w.held}
-        exiting = {w.process.sentinel: w for w in self.workers}
-        for obj in wait([*answering, *exiting]):
-            if obj in answering:
-                worker = answering[obj]
-                try:
-                    reply = worker.results.recv()
-                except (EOFError, OSError):
-                    raise worker.died() from None
-                if isinstance(reply, _Failure):
-                    raise worker.failed(reply)
-                index, label = worker.held.popleft()
-                ready[index] = (label, reply)
-            elif not exiting[obj].held:  # gone while holding a batch: its pipe's EOF says so, above
-                raise exiting[obj].died()
+        """Wait for a result or a worker's exit, whichever comes first: a
+        worker's death reads as EOF on its results pipe, idle or not."""
+        workers = {w.results: w for w in self.workers}
+        for obj in wait(list(workers)):
+            worker = workers[obj]
+            try:
+                reply = worker.results.recv()
+            except (EOFError, OSError):
+                raise worker.died() from None
+            if isinstance(reply, Failure):  # its job's, or its start's (then it holds no job)
+                raise worker.failed(reply)
+            index, label = worker.held.popleft()
+            ready[index] = (label, reply)
 
     def close(self, graceful: bool) -> None:
         for w in self.workers:
@@ -264,14 +208,11 @@ class _Pool:
                 except OSError:
                     pass
         for w in self.workers:
-            if graceful:
-                w.process.join(EXIT_WAIT_S)
-            if w.process.is_alive():
+            if not graceful or w.exit_code(EXIT_WAIT_S) is None:
                 w.process.terminate()
-                w.process.join(EXIT_WAIT_S)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join()
+                if w.exit_code(EXIT_WAIT_S) is None:
+                    w.process.kill()
+                    w.process.wait()
             w.tasks.close()
             w.results.close()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -17,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from gpt2 import layout
@@ -51,7 +51,16 @@ def deadline(seconds: int = HANG_S):
 
 
 def worker_pids() -> list[int]:
-    return [p.pid for p in mp.active_children() if p.name == "tokenize-worker"]
+    """This process's tokenize workers still running, as the OS lists them."""
+    workers = [p for p in psutil.Process().children() if "gpt2.data.pool_worker" in " ".join(_cmdline(p))]
+    return [p.pid for p in workers if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # gone meanwhile
+        return []
 
 
 def kill_a_worker() -> int:
