@@ -96,7 +96,9 @@ def test_sigkill_at_arbitrary_points_then_rerun_ends_exactly_like_an_uninterrupt
     run_dir = layout.run_dir(config)
 
     proc, lines = launch(config, tmp_path), []
-    wait_for(proc, "step 3/8", lines)  # between checkpoints
+    # Between checkpoints: step 2's is complete (written in the background, so
+    # "step 3/8" can be logged before it is) and step 4's is two steps away.
+    wait_for(proc, "step_000002 written", lines)
     proc.kill()
     proc.wait()
     assert store.latest_checkpoint(config).endswith("step_000002")
