@@ -10,7 +10,6 @@ and `lm-eval --model hf`, tokenizer included.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from typing import TYPE_CHECKING
 
 from gpt2.config import ModelConfig
-from gpt2.tokenizer import EOT_TOKEN, N_VOCAB, bpe_files_dir
+from gpt2.tokenizer import EOT_TOKEN, N_VOCAB, bpe_files_dir, verify_bpe_files
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only the functions that build HF objects load it
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -93,9 +92,10 @@ def write_tokenizer(out_dir: Path, max_length: int) -> None:
     from transformers import GPT2TokenizerFast
 
     src = bpe_files_dir()
+    files = verify_bpe_files(src)  # what is written is what was checked against tiktoken's pins
     with tempfile.TemporaryDirectory() as tmp:
-        shutil.copyfile(src / "encoder.json", Path(tmp) / "vocab.json")
-        shutil.copyfile(src / "vocab.bpe", Path(tmp) / "merges.txt")
+        (Path(tmp) / "vocab.json").write_bytes(files["encoder.json"])
+        (Path(tmp) / "merges.txt").write_bytes(files["vocab.bpe"])
         # from_pretrained on a directory: GPT2TokenizerFast(vocab_file=...)
         # silently builds an empty tokenizer in transformers 5.
         tok = GPT2TokenizerFast.from_pretrained(tmp, model_max_length=max_length)
@@ -103,7 +103,7 @@ def write_tokenizer(out_dir: Path, max_length: int) -> None:
         raise ValueError(f"tokenizer built from {src} has {len(tok)} tokens, expected {N_VOCAB}")
     tok.save_pretrained(out_dir)
     for name, target in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
-        shutil.copyfile(src / name, out_dir / target)  # slow-tokenizer files as well
+        (out_dir / target).write_bytes(files[name])  # slow-tokenizer files as well
 
 
 def write_hf_dir(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path) -> Path:

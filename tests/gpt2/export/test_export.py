@@ -167,3 +167,22 @@ def test_a_failed_upload_removes_the_partial_export(smoke_config, monkeypatch):
     with pytest.raises(writer.ExportError, match="nothing was kept"):
         writer.export_checkpoint(ref, config.runtime.root)
     assert not storage.exists(writer.export_dir_url(ref, config.runtime.root))
+
+
+def test_tampered_tokenizer_files_are_not_exported(tmp_path, monkeypatch):
+    """The HF directory's vocab.json and merges.txt are the bytes checked
+    against tiktoken's pinned sha256: one flipped byte is an error, not an export."""
+    import shutil
+
+    from gpt2.export import hf
+    from gpt2.tokenizer import TokenizerFilesError, bpe_files_dir
+
+    files = tmp_path / "bpe"
+    shutil.copytree(bpe_files_dir(), files)
+    merges = bytearray((files / "vocab.bpe").read_bytes())
+    merges[-2] ^= 1
+    (files / "vocab.bpe").write_bytes(bytes(merges))
+    monkeypatch.setattr(hf, "bpe_files_dir", lambda: files)
+    with pytest.raises(TokenizerFilesError, match="vocab.bpe"):
+        hf.write_tokenizer(tmp_path / "out", max_length=1024)
+    assert not (tmp_path / "out" / "merges.txt").exists()
