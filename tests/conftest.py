@@ -33,8 +33,11 @@ from gpt2.overrides import resolve_config  # noqa: E402
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (the default): a worker more than the cores. Many tests spend
     part of their time waiting (on a server, an automation, a sleeping
-    process), and a third worker keeps both cores of a 2-core machine busy."""
-    return (os.cpu_count() or 1) + 1
+    process), and a third worker keeps both cores of a 2-core machine busy.
+    Cores as the data stage counts them: those this process may run on."""
+    from gpt2.data.process_pool import default_workers
+
+    return default_workers() + 1
 
 
 @pytest.fixture(scope="session")
