@@ -7,6 +7,7 @@ README). Only GPU runs are recorded; CPU runs print their figures and stop.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,11 @@ TRAIN_STEP_KEYS = ("date", "commit", "device", "torch", "bench", "micro_batch", 
 
 def commit(repo: Path = Path(__file__).parent) -> str:
     """The checked-out commit, `+dirty` when tracked files differ from it (the
-    figure then came from code no commit holds), `unknown` outside git."""
+    figure then came from code no commit holds), `unknown` outside git.
+    $BENCH_COMMIT names it where the tree travelled without its .git (a
+    GPU machine that receives a copy of the checkout)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
