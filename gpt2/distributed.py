@@ -102,15 +102,18 @@ def resolve_nproc(setting: int | str, gpus: int) -> int:
 
 
 def enable_fast_math(device: torch.device) -> None:
-    """TF32 matmuls and cuDNN convolutions on Ampere+ (what llm.c and nanoGPT do)."""
+    """TF32 matmuls and cuDNN convolutions on Ampere+ (what llm.c and nanoGPT do).
+
+    Through the API every supported torch has, not torch >= 2.9's
+    `fp32_precision`: setting only the new one leaves the legacy getters
+    (`torch.get_float32_matmul_precision()`, `torch.backends.cuda.matmul.allow_tf32`)
+    raising "mix of the legacy and new APIs" on torch 2.9-2.13 (seen on an H100
+    with 2.11), and inductor, transformers and lm-eval read them. The legacy
+    setters also set the new API's values, so both keep answering."""
     if device.type != "cuda":
         return
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9 API
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        torch.backends.cudnn.conv.fp32_precision = "tf32"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def _env_int(name: str, default: int) -> int:
