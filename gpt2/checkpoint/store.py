@@ -88,24 +88,41 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     Always a copy: on a CPU `.to("cpu")` returns the live tensor itself, and
     the background writer would then serialize weights that later optimizer
     steps are changing (a checkpoint labelled step N holding later weights)."""
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items() if k != TIED}
+    return host_copy({k: v for k, v in model.state_dict().items() if k != TIED})
 
 
-def _cpu_copy(obj):
-    """Deep copy with every tensor on the CPU: the training step may change
-    the originals while a background thread is still writing them."""
+def host_copy(obj):
+    """Deep copy with every tensor on the CPU (contiguous): the training step
+    may change the originals while a background thread is still writing them.
+
+    From a GPU every tensor goes into pinned memory without waiting, and the
+    device is synchronized once at the end: one blocking copy per tensor into
+    fresh pageable memory held the training thread ~1.1 s for GPT-2 124M with
+    its AdamW state on an H100 (`python -m bench.checkpoint_snapshot`). The
+    pinned blocks stay in torch's host cache and serve the next checkpoint."""
+    copied = _host_copy(obj)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # every non-blocking copy above has landed
+    return copied
+
+
+def _host_copy(obj):
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        t = obj.detach()
+        if t.device.type != "cuda":
+            return t.to("cpu", copy=True).contiguous()
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return out.copy_(t, non_blocking=True)
     if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
+        return {k: _host_copy(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
+        return type(obj)(_host_copy(v) for v in obj)
     return obj
 
 
 def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model tensors, optimizer state) copied to the CPU, ready for write_checkpoint."""
-    return model_tensors(model), _cpu_copy(optimizer.state_dict())
+    return model_tensors(model), host_copy(optimizer.state_dict())
 
 
 def encode_checkpoint(tensors: dict[str, torch.Tensor], optimizer_state: dict, state: dict,

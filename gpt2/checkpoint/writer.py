@@ -84,7 +84,7 @@ class CheckpointWriter:
         and weights are written."""
         t0 = now()
         self.wait()
-        share = store._cpu_copy(state_share(optimizer, self.rank, self.world))
+        share = store.host_copy(state_share(optimizer, self.rank, self.world))
         tensors = store.model_tensors(model) if self.is_main else None
         self._pending = (self._pool.submit(self._write, url, tensors, share, state, rng), url)
         return now() - t0
