@@ -61,6 +61,22 @@ def train_step_record(device: torch.device, gpus: int, micro_batch: int, tok_s_e
     }
 
 
+def figures_record(bench: str, device: str, torch_version: str, figures: dict, revision: str | None = None,
+                   date: str | None = None) -> dict:
+    """A GPU check's figures other than bench.train_step's (a resume compared
+    with an uninterrupted run, the micro-batch `auto` picks, a compile cache's
+    warm start, a checkpoint's snapshot): the same provenance keys first, then
+    the check's own figures under `figures`."""
+    return {
+        "date": date or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": revision or commit(),
+        "device": device,
+        "torch": torch_version,
+        "bench": bench,
+        "figures": figures,
+    }
+
+
 def append(record: dict, path: Path = RESULTS) -> Path:
     """Add `record` as one line of `path` (created when missing)."""
     with open(path, "a") as f:

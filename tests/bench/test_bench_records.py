@@ -50,3 +50,10 @@ def test_benchmark_batches_come_through_the_trainers_loader(tmp_path):
     # Written once: a second loader over the same directory reads the same tokens.
     again = synthetic_loader(tmp_path, seq_len=16, micro_batch=2, accum=3, env=env).next_batches()
     assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+
+
+def test_a_tree_without_its_git_names_its_commit_through_the_environment(monkeypatch):
+    monkeypatch.setenv("BENCH_COMMIT", "0123abcd")
+    assert records.commit() == "0123abcd"
+    row = records.figures_record("resume_cuda", "NVIDIA H100 80GB HBM3", "2.11.0+cu130", {"exact_steps": 600})
+    assert row["commit"] == "0123abcd" and tuple(row) == ("date", "commit", "device", "torch", "bench", "figures")
