@@ -11,12 +11,14 @@ import time
 
 import torch
 
-# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s. More specific names
-# come first: the first substring found in the CUDA device name wins.
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s, by a part of the CUDA
+# device name. The longest key found in a name wins (peak_flops_of), whatever
+# the order here: "NVIDIA H200 NVL" is an H200 NVL, not an H200 SXM.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
     ("H100", 989e12),
+    ("H200 NVL", 835e12),
     ("H200", 989e12),
     ("H800", 989e12),
     ("GH200", 989e12),
@@ -36,18 +38,17 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 # Memory in GiB of the GPUs `gpt2 plan` knows, by the name it accepts (the
 # peak comes from the table above, matched the same way as a device name).
 GPU_MEMORY_GIB: dict[str, float] = {
-    "H100": 80, "H100 PCIe": 80, "H100 NVL": 94, "H200": 141, "H800": 80, "GH200": 96, "B200": 180,
+    "H100": 80, "H100 PCIe": 80, "H100 NVL": 94, "H200": 141, "H200 NVL": 141, "H800": 80, "GH200": 96, "B200": 180,
     "A100": 80, "A100-80GB": 80, "A100-40GB": 40, "A800": 80,
     "L40S": 48, "L40": 48, "L4": 24, "A10G": 24, "A10": 24, "RTX 4090": 24, "RTX 3090": 24,
 }
 
 
 def peak_flops_of(name: str) -> float | None:
-    """Peak bf16 FLOP/s for a GPU or CUDA device name: the first table key it contains."""
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in name:
-            return flops
-    return None
+    """Peak bf16 FLOP/s for a GPU or CUDA device name: the most specific
+    (longest) table key it contains; None when it contains none."""
+    found = [(len(key), flops) for key, flops in PEAK_BF16_FLOPS if key in name]
+    return max(found)[1] if found else None
 
 
 def peak_flops(device: torch.device) -> float | None:
