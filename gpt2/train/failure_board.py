@@ -48,6 +48,14 @@ ACK_WAIT_S = 30.0
 (a dead peer never does)."""
 
 
+def collective_abort(group: dist.ProcessGroup, backend: str) -> Callable[[], None] | None:
+    """What unblocks a collective this rank waits in for a failed peer: NCCL's
+    abort of the group (`ProcessGroup.abort`, in every torch pyproject allows,
+    2.11-2.13; run on NCCL with torch 2.11 on an H100). Only NCCL needs it: a
+    gloo collective fails by itself once the peer tears down."""
+    return group.abort if backend == "nccl" else None
+
+
 class FailureBoard:
     """This run's failure board; `start` it once the process group is up."""
 
@@ -71,9 +79,7 @@ class FailureBoard:
         """The board of the default process group (an idle one for one process)."""
         if not env.is_distributed:
             return cls(None, env.rank, 1)
-        group = dist.group.WORLD
-        # Only NCCL needs the abort: a gloo collective fails by itself once the peer tears down.
-        abort = group.abort if dist.get_backend() == "nccl" else None
+        abort = collective_abort(dist.group.WORLD, dist.get_backend())
         # The store init_process_group rendezvoused on (torch has no public accessor for it).
         return cls(dist.distributed_c10d._get_default_store(), env.rank, env.world_size, abort)
 
