@@ -116,6 +116,36 @@ def enable_fast_math(device: torch.device) -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
+SHM_MIN_BYTES = 1 << 30
+"""Below this much /dev/shm, NCCL's shared-memory transport between the ranks of
+one machine can fail at its first collective: containers get 64 MB by default
+(the Kubernetes pools mount an in-memory volume there; other hosts may not)."""
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    """Size of the shared-memory filesystem (None: there is none)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_frsize * st.f_blocks
+
+
+def avoid_small_shm(local_ranks: int, size: int | None, environ: dict = os.environ) -> bool:
+    """With several NCCL ranks on this machine and a /dev/shm under SHM_MIN_BYTES,
+    turn NCCL's shared-memory transport off (NCCL_SHM_DISABLE=1: peers talk over
+    NVLink/PCIe P2P or the network instead) rather than let a run fail at its
+    first step; a value the user set is kept. True when it was turned off."""
+    if local_ranks < 2 or size is None or size >= SHM_MIN_BYTES or "NCCL_SHM_DISABLE" in environ:
+        return False
+    environ["NCCL_SHM_DISABLE"] = "1"
+    log.warning("/dev/shm holds %d MB, under the %d MB NCCL's shared-memory transport may need for %d ranks "
+                "on this machine: NCCL_SHM_DISABLE=1 (peers use P2P or the network). Give the container a larger "
+                "/dev/shm (an in-memory volume, as the Kubernetes pools do) to keep it", size >> 20,
+                SHM_MIN_BYTES >> 20, local_ranks)
+    return True
+
+
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
@@ -136,6 +166,8 @@ def distributed(requested_device: str = "auto", timeout_s: float = COLLECTIVE_TI
     joined = False
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl":
+            avoid_small_shm(_env_int("LOCAL_WORLD_SIZE", 1), shm_bytes())
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
         joined = True
