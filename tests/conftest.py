@@ -51,6 +51,41 @@ def prefect_server():
 
 
 @pytest.fixture
+def s3_server(monkeypatch):
+    """A real S3 API server on loopback (moto's server mode), used through s3fs
+    with fsspec's defaults, as `gs://` is through the GCS emulator; yields a root URL."""
+    pytest.importorskip("s3fs")
+    exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    if not os.path.exists(exe):
+        pytest.skip("moto's server is not installed (pip install -e .[dev])")
+    port = _free_port()
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_port(port)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://127.0.0.1:{port}"})
+        fsspec.filesystem("s3").clear_instance_cache()
+        fsspec.filesystem("s3", skip_instance_cache=True).mkdir("gpt2-test-bucket")
+        yield "s3://gpt2-test-bucket/prefix"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _wait_for_port(port: int, seconds: float = 30) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+
+
+@pytest.fixture
 def smoke_config(tmp_path):
     """Factory: the smoke preset rooted in this test's tmp dir, plus overrides."""
 
