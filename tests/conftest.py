@@ -75,16 +75,6 @@ def s3_server(monkeypatch):
         proc.wait(timeout=10)
 
 
-def _wait_for_port(port: int, seconds: float = 30) -> None:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-
-
 @pytest.fixture
 def smoke_config(tmp_path):
     """Factory: the smoke preset rooted in this test's tmp dir, plus overrides."""
@@ -121,6 +111,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_for_port(port: int, seconds: float = 30) -> None:
+    """Until a server on loopback accepts connections (at most `seconds`)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+
+
 @pytest.fixture
 def gcs_emulator(monkeypatch):
     """A real GCS JSON-API emulator on loopback, used through gcsfs."""
@@ -132,13 +133,7 @@ def gcs_emulator(monkeypatch):
     proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.2)
+        _wait_for_port(port)
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
         monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
         fsspec.filesystem("gcs").clear_instance_cache()

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 PROBE = r"""
-import json, torch
+import json, sys, torch
 from gpt2.distributed import enable_fast_math
-enable_fast_math(torch.device("cuda"))
+enable_fast_math(torch.device(sys.argv[1]))
 read = {"precision": torch.get_float32_matmul_precision,
         "matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
         "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32}
@@ -30,8 +30,9 @@ print(json.dumps(out))
 """
 
 
-def _read_back() -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+def _read_back(device: str = "cuda") -> dict:
+    """What both APIs answer after the setup for `device`, in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", PROBE, device], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -46,7 +47,5 @@ def test_tf32_setup_keeps_both_apis_answering():
 
 
 def test_cpu_device_leaves_precision_alone():
-    probe = PROBE.replace('torch.device("cuda")', 'torch.device("cpu")')
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = _read_back("cpu")
     assert got["precision"] == "highest" and got["matmul_allow_tf32"] is False, got
