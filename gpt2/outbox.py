@@ -107,7 +107,10 @@ class Outbox:
                     for _ in batch:
                         self._points.popleft()
         except Exception as err:  # noqa: BLE001 - an outage must never reach the producer
-            if self.outage is None:
+            # After stop() its owner has already reported what was not sent; an
+            # attempt that outlived stop()'s join (the destination's own retries)
+            # must stay quiet: whoever logs next may have closed its streams.
+            if self.outage is None and not self._stopping:
                 # MLflow's REST errors quote the full URL, credentials included.
                 first = redact(str(err).splitlines()[0])[:300] if str(err) else ""
                 log.warning("%s unavailable (%s: %s); continuing, records are kept and retried",
@@ -115,6 +118,7 @@ class Outbox:
             self.outage = redact(str(err))
             return False
         if self.outage is not None:
-            log.warning("%s reachable again; buffered records sent", self.name)
+            if not self._stopping:
+                log.warning("%s reachable again; buffered records sent", self.name)
             self.outage = None
         return True

@@ -112,12 +112,14 @@ def _mlflow_store(root: str, state_dir: Path) -> tuple[str, str]:
     every run of that root, whether it was logged through the server or not.
     """
     from gpt2 import storage
+    from gpt2.tracking import seed_sqlite_store
 
     # By scheme: instantiating a cloud filesystem may probe for credentials.
     path = Path(root[len("file://"):]) if root.startswith("file://") else None
     base = path if path is not None else state_dir
     base.mkdir(parents=True, exist_ok=True)
     artifacts = storage.join(root, "mlflow-artifacts") if path is not None else str(state_dir / "mlflow-artifacts")
+    seed_sqlite_store(base / "mlflow.db")  # the server would spend seconds migrating a new one
     return f"sqlite:///{base / 'mlflow.db'}", artifacts
 
 

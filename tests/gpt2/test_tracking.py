@@ -132,7 +132,13 @@ def test_an_outage_warning_never_prints_the_uris_password(tmp_path, monkeypatch,
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:s3cr3t@127.0.0.1:{port}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     tracker = Tracker(tiny_config(tmp_path), "outage", flush_interval_s=0.2, connect_timeout_s=2)
-    tracker.log_metrics({"loss": 1.0}, step=1)
-    assert not tracker.flush(timeout=2.0)
-    assert "unavailable" in caplog.text and "127.0.0.1" in caplog.text
-    assert "s3cr3t" not in caplog.text and "s3cr3t" not in (tracker._outbox.outage or "")
+    try:
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        assert not tracker.flush(timeout=2.0)
+        assert "unavailable" in caplog.text and "127.0.0.1" in caplog.text
+        assert "s3cr3t" not in caplog.text and "s3cr3t" not in (tracker._outbox.outage or "")
+    finally:
+        # Its sender stops with the test (with MLflow's own retries back at their
+        # default, a sender left running would log minutes after pytest ended).
+        tracker.close()
+    assert "s3cr3t" not in caplog.text
