@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gpt2 import layout
+from gpt2 import layout, seeded_store
 from gpt2.config import Config
 from gpt2.outbox import Outbox
 from gpt2.secrets import redact
@@ -106,56 +106,24 @@ def _prepare_sqlite(uri: str) -> None:
 
 
 def seed_sqlite_store(path: Path) -> None:
-    """A SQLite tracking store that does not exist yet starts as a copy of an
-    empty one with MLflow's schema already migrated: MLflow would otherwise run
-    its ~60 schema migrations on every new store, seconds of CPU at a new root's
-    first run (and in each of its processes until one finishes). The copy is
-    made once per MLflow version in the user's cache and linked in under the
-    final name, so a store another process created first is never replaced.
-    Anything failing here leaves MLflow to create the store itself."""
-    if path.exists():
-        return
-    try:
-        template = _empty_store_template()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.seed")
-        shutil.copyfile(template, tmp)
-        try:
-            os.link(tmp, path)  # fails if the store appeared meanwhile: theirs is kept
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
-    except Exception as err:  # noqa: BLE001 - only a shortcut; MLflow creates the store without it
-        log.debug("no seeded MLflow store at %s (%s); MLflow creates it", path, err)
-
-
-_TEMPLATE_LOCK = threading.Lock()  # alembic's migrations are not thread-safe; processes use their own files
-
-
-def _empty_store_template() -> Path:
-    with _TEMPLATE_LOCK:
-        return _make_empty_store_template()
-
-
-def _make_empty_store_template() -> Path:
+    """A SQLite tracking store that does not exist yet starts as a migrated
+    empty copy (gpt2.seeded_store): MLflow would otherwise spend 2-4 s of CPU on
+    its schema migrations at a new root's first run."""
     import mlflow
+
+    seeded_store.seed(path, f"mlflow-{mlflow.__version__}-empty.db", _make_empty_store)
+
+
+def _make_empty_store(path: Path) -> None:
     from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpt2-pipeline"
-    template = cache / f"mlflow-{mlflow.__version__}-empty.db"
-    if template.exists():
-        return template
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".{template.name}.{os.getpid()}.{threading.get_ident()}"
-    engine = create_sqlalchemy_engine(f"sqlite:///{tmp}")
+    engine = create_sqlalchemy_engine(f"sqlite:///{path}")
     try:
         # Tables only: the Default experiment (whose artifact location is the
         # store's own) is made by MLflow when each copy is first opened.
         _initialize_tables(engine)
     finally:
         engine.dispose()
-    os.replace(tmp, template)  # two first runs at once: either's template is the same
-    return template
 
 
 class Tracker:

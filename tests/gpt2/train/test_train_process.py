@@ -27,6 +27,10 @@ from tests.gpt2.train.test_train import weights
 
 REPO = Path(__file__).resolve().parents[3]
 
+# One pytest worker runs this module's tests (--dist loadgroup): the reference
+# run they compare against is trained once, not once per worker.
+pytestmark = pytest.mark.xdist_group("train_process")
+
 
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
