@@ -25,6 +25,7 @@ changes only when what it holds would:
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from pathlib import Path
 
@@ -82,8 +83,20 @@ def shard_cache_dir(config: Config, dataset_name: str, fingerprint: str) -> Path
 
 def checkpoint_staging_dir(config: Config) -> str:
     """Where a run's checkpoints are written locally before their upload to the
-    root (a file:// URL under the work dir, named like the run; gpt2.checkpoint.staging)."""
+    root (a file:// URL under the work dir; gpt2.checkpoint.staging). Keyed by
+    the root as well as the run: the run's name is the same on every root, and
+    one machine may train it for two roots (a bucket and a local try)."""
+    return (config.runtime.work_root / "staged-checkpoints" / root_key(config) / run_name(config)).as_uri()
+
+
+def legacy_checkpoint_staging_dir(config: Config) -> str:
+    """Where releases before root-keyed staging kept a run's local copies (the run's name alone)."""
     return (config.runtime.work_root / "staged-checkpoints" / run_name(config)).as_uri()
+
+
+def root_key(config: Config) -> str:
+    """A directory name for the root: the hash of its normalized URL."""
+    return "root-" + hashlib.sha256(root(config).encode()).hexdigest()[:HASH_CHARS]
 
 
 # --- training runs and checkpoints ----------------------------------------

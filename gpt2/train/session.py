@@ -83,6 +83,7 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
                 staging.clear(config)
             else:  # a newer local copy (its trainer died uploading it) goes to the root first
                 staging.recover(config, fence)
+            staging.claim(config)
             ckpt = store.resume_checkpoint(run_dir) or (None if fresh else _from_earlier_release(config))
         except store.CheckpointError as err:
             error = err

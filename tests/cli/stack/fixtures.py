@@ -16,7 +16,11 @@ def clean_env(home: Path) -> dict[str, str]:
     # One intra-op thread per trainer: the stack's processes share two cores, and
     # two OpenMP threads per trainer spin against each other and everything else
     # (a smoke step ran 20x slower that way). A user's own setting is kept.
-    return {**env, "HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # The cache stays this user's: a fresh HOME per stack would otherwise make
+    # the migrated empty databases new stacks copy (gpt2.seeded_store) again each
+    # time, as a real user's machine does only once.
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return {**env, "HOME": str(home), "XDG_CACHE_HOME": cache, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
