@@ -74,7 +74,7 @@ class TrainConfig(_Section):
     fixed order, as in llm.c, so a resumed run sees exactly the same data)."""
     total_batch_tokens: int = Field(524_288, ge=1)
     """Tokens per optimizer step across all devices (gradient accumulation fills it)."""
-    micro_batch_size: int | Literal["auto"] = "auto"
+    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """Sequences per device per forward pass, or `auto` to find the largest that fits."""
     max_steps: Annotated[int, Field(ge=1)] | Literal["epoch"] = 19_073
     """Optimizer steps (19,073 × 524,288 ≈ 10B tokens), or `epoch`: one pass over the
@@ -268,6 +268,22 @@ class Config(_Section):
     export: ExportConfig = ExportConfig()
     tracking: TrackingConfig = TrackingConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+
+    @model_validator(mode="after")
+    def _whole_sequences_per_step(self) -> "Config":
+        # Checked here, not first in the trainer after a server start: the
+        # device count (which must divide it too) is only known there.
+        from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
+
+        tokens, T = self.train.total_batch_tokens, self.model.block_size
+        if tokens % T:
+            lower, upper = max(T, tokens // T * T), (tokens // T + 1) * T
+            error = PydanticCustomError(
+                "whole_sequences", "must be a multiple of model.block_size ({T}): whole sequences per step; "
+                "e.g. {lower} or {upper}", {"T": T, "lower": lower, "upper": upper})
+            raise ValidationError.from_exception_data("Config", [
+                InitErrorDetails(type=error, loc=("train", "total_batch_tokens"), input=tokens)])
+        return self
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> "Config":

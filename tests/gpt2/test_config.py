@@ -51,6 +51,35 @@ def test_every_problem_is_reported_at_once():
         assert needle in text
 
 
+@pytest.mark.parametrize("value", ["-3", "0"])
+def test_a_micro_batch_below_one_is_refused_where_it_enters(value):
+    # It used to pass `gpt2 config show` and fail only inside the trainer,
+    # after a server start, with a message about divisors.
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", [f"train.micro_batch_size={value}", "train.lr=-1"])
+    text = "\n".join(info.value.problems)
+    assert len(info.value.problems) == 2 and "train.micro_batch_size" in text and "auto" in text and "train.lr" in text
+    assert resolve_config("smoke", ["train.micro_batch_size=1"]).train.micro_batch_size == 1
+
+
+def test_a_step_of_partial_sequences_is_refused_naming_valid_sizes():
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", ["train.total_batch_tokens=1000"])  # block_size 64
+    [problem] = info.value.problems
+    assert "train.total_batch_tokens" in problem and "model.block_size (64)" in problem
+    assert "960 or 1024" in problem
+
+
+def test_a_bad_value_exits_2_before_any_server_or_write(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cli.main", "train", "--preset", "smoke", "--root", str(tmp_path),
+                          "--set", "train.micro_batch_size=-3"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "train.micro_batch_size" in out.stderr, out.stderr
+    assert not list(tmp_path.iterdir())  # nothing written: no lease, no attempt record
+
+
 def test_unknown_preset_names_the_choices():
     with pytest.raises(ConfigError, match="smoke"):
         resolve_config("gpt5")
