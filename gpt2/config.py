@@ -19,6 +19,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 ROOT_ENV = "GPT2_ROOT"
 
 
+ROOT_SCHEMES = ("file", "gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "memory")
+"""Artifact-root schemes the project supports (local disk, GCS, S3, Azure, fsspec's in-memory store)."""
+
+
+def _root_schemes() -> set[str]:
+    """ROOT_SCHEMES, and any filesystem a program registered itself with
+    fsspec.register_implementation (not one of fsspec's stock protocols)."""
+    from fsspec.registry import known_implementations, registry
+
+    custom = {p for p in registry if p not in known_implementations}
+    return set(ROOT_SCHEMES) | custom
+
+
 class _Section(BaseModel):
     # Frozen so a config can be hashed and passed between stages safely;
     # extra="forbid" so a typo in an override is an error, not a silent no-op.
@@ -158,6 +171,7 @@ class RuntimeConfig(_Section):
     else ./artifacts (`gpt2 stack up` sets $GPT2_ROOT for its workers)."""
     work_dir: str | None = None
     """Local scratch directory for intermediate files; None: ~/.cache/gpt2-pipeline."""
+
     num_workers: int = Field(0, ge=0)
     """Tokenizer processes; 0 uses every core."""
     tokenize_part_tokens: int = Field(1 << 25, ge=1)
@@ -286,13 +300,24 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _no_credentials_in_urls(self) -> "Config":
+    def _urls_safe_and_supported(self) -> "Config":
         from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
         from gpt2.secrets import URL_FIELDS, redact, url_has_credentials
 
         values = {f: getattr(getattr(self, f.split(".")[0]), f.split(".")[1]) for f in URL_FIELDS}
         bad = [f for f, v in values.items() if url_has_credentials(v)]
+        errors = []
+        # The root's scheme is checked here, before any lookup: fsspec would
+        # otherwise accept, say, ftp://host/... and fail seconds later in a DNS
+        # lookup that never names the root. Here, beside the credentials check,
+        # so both are reported at once and the value shown redacted.
+        match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", self.runtime.root)
+        if match and match.group(1).lower() not in _root_schemes():
+            error = PydanticCustomError(
+                "root_scheme", "the scheme '{scheme}' is not supported for an artifact root; use a local path or a "
+                "{schemes} URL", {"scheme": match.group(1), "schemes": ", ".join(s + "://" for s in ROOT_SCHEMES)})
+            errors.append(InitErrorDetails(type=error, loc=("runtime", "root"), input=redact(self.runtime.root)))
         if bad:
             # A ValueError here would become an error whose text shows the
             # input, the whole config, secret included; a ValidationError
@@ -303,7 +328,7 @@ class Config(_Section):
                 "environment instead (MLFLOW_TRACKING_USERNAME/PASSWORD, GOOGLE_APPLICATION_CREDENTIALS, "
                 "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, HF_TOKEN)",
             )
-            raise ValidationError.from_exception_data("Config", [
-                InitErrorDetails(type=error, loc=tuple(f.split(".")), input=redact(values[f])) for f in bad
-            ])
+            errors += [InitErrorDetails(type=error, loc=tuple(f.split(".")), input=redact(values[f])) for f in bad]
+        if errors:
+            raise ValidationError.from_exception_data("Config", errors)
         return self

@@ -80,6 +80,26 @@ def test_a_bad_value_exits_2_before_any_server_or_write(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written: no lease, no attempt record
 
 
+@pytest.mark.parametrize("root", ["ftp://x/y", "http://example.com/root", "hf://datasets/me/x"])
+def test_a_root_whose_scheme_is_not_supported_is_refused_naming_it(root):
+    # ftp:// used to be accepted and fail 14 s later in a DNS lookup of host x.
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", root=root)
+    [problem] = info.value.problems
+    assert "runtime.root" in problem and root in problem and "gs://" in problem and "s3://" in problem
+
+
+def test_a_refused_root_is_shown_redacted():
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", root="ftp://alice:SEKRET@x/y")
+    assert "the scheme 'ftp' is not supported" in str(info.value) and "SEKRET" not in str(info.value)
+
+
+@pytest.mark.parametrize("root", ["./relative", "/abs/path", "file:///abs", "gs://b/p", "s3://b/p", "memory://r"])
+def test_supported_roots_pass(root):
+    assert resolve_config("smoke", root=root).runtime.root == root
+
+
 def test_unknown_preset_names_the_choices():
     with pytest.raises(ConfigError, match="smoke"):
         resolve_config("gpt5")
