@@ -261,6 +261,17 @@ def list_dir(url: str) -> list[str]:
         return []
 
 
+def list_sizes(url: str) -> dict[str, int]:
+    """{name: bytes} of the files directly under `url` (one listing); empty when it does not exist."""
+    fs, path = filesystem(url)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return {}
+    return {posixpath.basename(e["name"].rstrip("/")): int(e.get("size") or 0)
+            for e in entries if e.get("type") != "directory"}
+
+
 def check_writable(root: str) -> None:
     """Fail early, naming the root, when nothing can be written there."""
     probe = join(root, f".write-probe-{uuid.uuid4().hex[:8]}")

@@ -10,6 +10,7 @@ does not parse is an error naming it that `gpt2 prepare` repairs.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import re
 from typing import Literal
 
@@ -84,6 +85,23 @@ def load_manifest(url: str) -> Manifest:
             f"data manifest {url} is damaged or not one of ours ({problems}); "
             "rerun `gpt2 prepare` with the same preset, --set and --root to rebuild it"
         ) from None
+
+
+def check_shard_sizes(manifest_url: str, manifest: Manifest) -> None:
+    """Before a run's first step: every shard the manifest names is beside it at
+    the size it records (one listing of the directory, no reads), so a shard lost
+    or cut short is named now rather than when the run reaches it, hours in.
+    Checksums stay with the data stage and `gpt2 preflight`."""
+    directory = posixpath.dirname(manifest_url)
+    sizes = storage.list_sizes(directory)
+    missing = [e.path for e in manifest.shards if e.path not in sizes]
+    wrong = [f"{e.path} ({sizes[e.path]} bytes, the manifest says {e.bytes})"
+             for e in manifest.shards if e.path in sizes and sizes[e.path] != e.bytes]
+    if missing or wrong:
+        found = "; ".join(filter(None, [f"missing: {', '.join(missing)}" if missing else "",
+                                        f"truncated or corrupt: {', '.join(wrong)}" if wrong else ""]))
+        raise ShardError(f"shards in {directory} do not match the manifest ({found}); rerun `gpt2 prepare` with "
+                         "the same preset, --set and --root: it rebuilds only what is damaged")
 
 
 def verify_shard(url: str, entry: ShardEntry, checksum: bool = False) -> None:

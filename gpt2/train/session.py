@@ -19,7 +19,7 @@ from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.config import Config
 from gpt2.data.loader import TrainLoader, val_batches
-from gpt2.data.manifest import load_manifest
+from gpt2.data.manifest import check_shard_sizes, load_manifest
 from gpt2.data.shard_source import ShardSource
 from gpt2.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
 from gpt2.errors import UserError
@@ -224,6 +224,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     """Everything before the first step; `lease`: the run's, held by rank 0."""
     url = layout.manifest(config)
     manifest = load_manifest(url)
+    check_shard_sizes(url, manifest)  # a shard lost or cut short fails now, not when the run reaches it
     seqs_per_rank = check_batch_shape(config, env.world_size)
     ckpt = resume_from(config, env, fresh, lease.check if lease else None)
     known = (train_fingerprint(config), legacy_train_fingerprint(config))
