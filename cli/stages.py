@@ -71,12 +71,26 @@ def train(
     if not storage.exists(url):
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
              + _prepare_hint(preset, sets, root))
+    _check_device(config)
     _, result = run_flow("flows.train:train_flow", preset, sets, root, fresh=fresh)
     val = result["final_val_loss"]
     summary = f"{'cached' if result.get('cached') else 'trained'}: {result['run_name']} at step {result['steps']}"
     if val is not None:
         summary += f", val loss {val:.4f}"
     emit(result, as_json, f"{summary}\ncheckpoint: {result['checkpoint']}\n{describe_bill(result.get('bill'))}")
+
+
+def _check_device(config) -> None:
+    """A device this machine lacks is answered before the server starts (and
+    before a pipeline's data stage has run for nothing)."""
+    if config.runtime.device == "auto":
+        return  # no torch import for the common case
+    from gpt2.distributed import DeviceUnavailable, check_device_available
+
+    try:
+        check_device_available(config.runtime.device)
+    except DeviceUnavailable as err:
+        fail(str(err))
 
 
 def describe_bill(bill: dict[str, Any] | None) -> str:
@@ -139,6 +153,7 @@ def run(
 ) -> None:
     """Prepare, train, evaluate and export: every stage cached, so a rerun
     (or a rerun after a crash) only does what is missing."""
+    _check_device(load_config(preset, sets, root))
     # Any stage's error ends the pipeline; the flow already logged its traceback.
     config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, errors=(Exception,))
     guide = where_things_are(config, result)

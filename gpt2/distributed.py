@@ -30,6 +30,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from gpt2.errors import UserError
+
 log = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT_S = 600.0
@@ -63,6 +65,30 @@ class DistEnv:
         return self.world_size > 1
 
 
+class DeviceUnavailable(UserError, RuntimeError):
+    """runtime.device names a device this machine does not have."""
+
+
+def check_device_available(requested: str) -> None:
+    """Fail naming the setting when `runtime.device` asks for what this machine
+    lacks (CUDA, cuda:N past the visible GPUs, MPS): a second's check, which the
+    CLI makes before it starts a server, and the trainer again where it runs."""
+    if requested == "auto":
+        return
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(f"runtime.device={requested} but CUDA is not available on this machine; "
+                                    "use runtime.device=cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceUnavailable(f"runtime.device={requested} but this machine shows "
+                                    f"{torch.cuda.device_count()} GPU(s); use cuda:0..cuda:"
+                                    f"{torch.cuda.device_count() - 1} or auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceUnavailable(f"runtime.device={requested} but MPS is not available on this machine; "
+                                "use runtime.device=cpu or auto")
+
+
 def pick_device(requested: str, local_rank: int = 0) -> torch.device:
     """Resolve `runtime.device` (`auto`, `cpu`, `cuda`, `cuda:N`, `mps`)."""
     if requested == "auto":
@@ -71,10 +97,9 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
+    check_device_available(requested)
     device = torch.device(requested)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"runtime.device={requested} but CUDA is not available; use runtime.device=cpu or auto")
         if device.index is None:
             device = torch.device("cuda", local_rank)
     return device

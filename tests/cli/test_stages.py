@@ -24,6 +24,45 @@ def test_cli_says_how_to_make_missing_data(tmp_path):
     assert f"gpt2 prepare --preset smoke --set train.max_steps=5 --root {tmp_path / 'empty'}" in out.output
 
 
+def test_a_device_this_machine_lacks_is_named_before_any_server_or_stage(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    root = tmp_path / "root"
+    from gpt2.overrides import resolve_config
+
+    write_dataset(resolve_config("smoke", {"runtime.work_dir": str(tmp_path / "work")}, root=str(root)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # where a temporary server would put its database
+    out = subprocess.run([sys.executable, "-m", "cli.main", "train", "--preset", "smoke", "--root", str(root),
+                          "--set", "runtime.device=cuda", "--set", f"runtime.work_dir={tmp_path / 'work'}"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: runtime.device=cuda but CUDA is not available")
+    assert not (tmp_path / "prefect-home").exists()  # no server was started
+    assert not (root / "runs").exists()  # nothing trained, no lease taken
+
+
+def test_the_pipeline_names_a_device_this_machine_lacks_before_its_data_stage(tmp_path, monkeypatch):
+    import torch
+
+    import cli.stages
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    flows_run = []
+    monkeypatch.setattr(cli.stages, "run_flow", lambda *a, **kw: flows_run.append(a))
+    out = CliRunner().invoke(app, ["run", "--preset", "smoke", "--root", str(tmp_path / "root"),
+                                   "--set", "runtime.device=cuda:1"])
+    assert out.exit_code == 1 and "runtime.device=cuda:1 but CUDA is not available" in out.output
+    assert flows_run == []  # not even the data stage
+
+
 def test_cli_json_result(tmp_path, prefect_server):
     overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.max_steps": 2, "train.checkpoint_every": 2}
     write_dataset(tiny_config(tmp_path / "root", **overrides))
