@@ -106,19 +106,21 @@ def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
 
 
 def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
-    config = tiny_config(tmp_path, **{"train.max_steps": 40, "train.checkpoint_every": 4, "runtime.lease_ttl_s": 1})
+    # 16 steps: the taker resumes from step 4 and must be seen training (step 10)
+    # before the paused trainer comes back; more steps only lengthen the taker's run.
+    config = tiny_config(tmp_path, **{"train.max_steps": 16, "train.checkpoint_every": 4, "runtime.lease_ttl_s": 1})
     write_dataset(config)
     paused, paused_lines = launch(config, tmp_path), []
-    wait_for(paused, "step 5/40", paused_lines)
+    wait_for(paused, "step 5/16", paused_lines)
     os.kill(paused.pid, signal.SIGSTOP)  # a VM that freezes
     time.sleep(1.5)  # ... past the lease's time
     taker, taker_lines = launch(config, tmp_path), []
-    wait_for(taker, "step 10/40", taker_lines)  # it resumed the run and trains on
+    wait_for(taker, "step 10/16", taker_lines)  # it resumed the run and trains on
     os.kill(paused.pid, signal.SIGCONT)  # the VM comes back
     assert finish(paused, paused_lines, timeout=120) == 1
     assert any("passed to a later trainer" in line or "took over" in line for line in paused_lines)
     assert finish(taker, taker_lines) == 0, "".join(taker_lines[-20:])
-    assert store.latest_checkpoint(config).endswith("step_000040")
+    assert store.latest_checkpoint(config).endswith("step_000016")
     assert any("taking over the stale lease" in line for line in taker_lines)
     assert [g for g in storage.list_dir(layout.lease_dir(layout.run_dir(config)))] == ["000001.json", "000002.json"]
 
