@@ -19,19 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 ROOT_ENV = "GPT2_ROOT"
 
 
-ROOT_SCHEMES = ("file", "gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "memory")
-"""Artifact-root schemes the project supports (local disk, GCS, S3, Azure, fsspec's in-memory store)."""
-
-
-def _root_schemes() -> set[str]:
-    """ROOT_SCHEMES, and any filesystem a program registered itself with
-    fsspec.register_implementation (not one of fsspec's stock protocols)."""
-    from fsspec.registry import known_implementations, registry
-
-    custom = {p for p in registry if p not in known_implementations}
-    return set(ROOT_SCHEMES) | custom
-
-
 class _Section(BaseModel):
     # Frozen so a config can be hashed and passed between stages safely;
     # extra="forbid" so a typo in an override is an error, not a silent no-op.
@@ -284,51 +271,14 @@ class Config(_Section):
     runtime: RuntimeConfig = RuntimeConfig()
 
     @model_validator(mode="after")
-    def _whole_sequences_per_step(self) -> "Config":
-        # Checked here, not first in the trainer after a server start: the
-        # device count (which must divide it too) is only known there.
-        from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
+    def _checked_across_sections(self) -> "Config":
+        # Every check that reads more than one field (gpt2.config_checks),
+        # reported together, each value shown redacted.
+        from pydantic_core import ValidationError
 
-        tokens, T = self.train.total_batch_tokens, self.model.block_size
-        if tokens % T:
-            lower, upper = max(T, tokens // T * T), (tokens // T + 1) * T
-            error = PydanticCustomError(
-                "whole_sequences", "must be a multiple of model.block_size ({T}): whole sequences per step; "
-                "e.g. {lower} or {upper}", {"T": T, "lower": lower, "upper": upper})
-            raise ValidationError.from_exception_data("Config", [
-                InitErrorDetails(type=error, loc=("train", "total_batch_tokens"), input=tokens)])
-        return self
+        from gpt2.config_checks import cross_field_errors
 
-    @model_validator(mode="after")
-    def _urls_safe_and_supported(self) -> "Config":
-        from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
-
-        from gpt2.secrets import URL_FIELDS, redact, url_has_credentials
-
-        values = {f: getattr(getattr(self, f.split(".")[0]), f.split(".")[1]) for f in URL_FIELDS}
-        bad = [f for f, v in values.items() if url_has_credentials(v)]
-        errors = []
-        # The root's scheme is checked here, before any lookup: fsspec would
-        # otherwise accept, say, ftp://host/... and fail seconds later in a DNS
-        # lookup that never names the root. Here, beside the credentials check,
-        # so both are reported at once and the value shown redacted.
-        match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", self.runtime.root)
-        if match and match.group(1).lower() not in _root_schemes():
-            error = PydanticCustomError(
-                "root_scheme", "the scheme '{scheme}' is not supported for an artifact root; use a local path or a "
-                "{schemes} URL", {"scheme": match.group(1), "schemes": ", ".join(s + "://" for s in ROOT_SCHEMES)})
-            errors.append(InitErrorDetails(type=error, loc=("runtime", "root"), input=redact(self.runtime.root)))
-        if bad:
-            # A ValueError here would become an error whose text shows the
-            # input, the whole config, secret included; a ValidationError
-            # replaces it, one error per field, showing the value redacted.
-            error = PydanticCustomError(
-                "credentials_in_url",
-                "must not embed credentials (they would be logged with the config); pass them through the "
-                "environment instead (MLFLOW_TRACKING_USERNAME/PASSWORD, GOOGLE_APPLICATION_CREDENTIALS, "
-                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, HF_TOKEN)",
-            )
-            errors += [InitErrorDetails(type=error, loc=tuple(f.split(".")), input=redact(values[f])) for f in bad]
+        errors = cross_field_errors(self)
         if errors:
             raise ValidationError.from_exception_data("Config", errors)
         return self
