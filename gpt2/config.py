@@ -158,7 +158,6 @@ class RuntimeConfig(_Section):
     else ./artifacts (`gpt2 stack up` sets $GPT2_ROOT for its workers)."""
     work_dir: str | None = None
     """Local scratch directory for intermediate files; None: ~/.cache/gpt2-pipeline."""
-
     num_workers: int = Field(0, ge=0)
     """Tokenizer processes; 0 uses every core."""
     tokenize_part_tokens: int = Field(1 << 25, ge=1)

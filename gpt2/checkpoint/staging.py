@@ -77,8 +77,9 @@ def recover(config: Config, fence: Callable[[], None] | None = None) -> str | No
     if staged_for != root:
         # Set aside, not deleted (they may be another root's newest weights),
         # so this run stages into a directory of its own.
-        aside = storage.local_path(local).with_name(f"{storage.local_path(local).name}.not-this-root-{time.time_ns()}")
-        storage.local_path(local).rename(aside)
+        here = storage.local_path(local)
+        aside = here.with_name(f"{here.name}.not-this-root-{time.time_ns()}")
+        here.rename(aside)
         log.warning("not uploading the local checkpoints in %s: they were staged for root %s, not this run's "
                     "root %s; moved to %s (delete them, or copy them into their own root by hand)",
                     local, staged_for or "(not recorded)", root, aside)

@@ -76,16 +76,10 @@ def test_a_flipped_byte_in_the_local_copy_makes_it_ignored(tmp_path, caplog):
 
 
 def test_a_local_copy_the_root_has_passed_is_ignored(tmp_path, caplog):
-    import torch
-
-    from gpt2.model import GPT
-
     config = tiny_config(tmp_path)
-    model = GPT(config.model)
-    optimizer = torch.optim.AdamW(model.parameters())
     staging.claim(config)  # as the trainer does before it stages anything
-    for where, step in ((staging.staging_dir(config), 2), (layout.run_dir(config), 4)):
-        store.save_checkpoint(layout.checkpoint_dir(where, step), model, optimizer, {"step": step}, {})
+    _staged(config, step=2)
+    _staged(config, layout.run_dir(config), step=4)
     with caplog.at_level(logging.INFO, logger="gpt2.checkpoint.staging"):
         assert staging.recover(config) is None
     assert "the root already has step 4" in caplog.text
@@ -127,6 +121,7 @@ def test_two_roots_on_one_machine_stage_apart_and_a_copy_staged_for_one_never_en
 
 
 def _staged(config, where: str | None = None, step: int = 2) -> str:
+    """A real checkpoint of step `step` under `where` (default: the run's staging directory)."""
     import torch
 
     from gpt2.model import GPT
