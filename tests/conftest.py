@@ -40,6 +40,51 @@ def pytest_xdist_auto_num_workers(config):
     return default_workers() + 1
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_python(request, tmp_path_factory):
+    """The quick tier's trainer processes start from a warm interpreter
+    (tests/warm_python): `sys.executable` is its proxy for the whole session.
+    Not in the end-to-end tier, nor with GPT2_TESTS_FRESH_PYTHON=1 (every
+    process then starts cold, as users' do)."""
+    if request.config.getoption("markexpr") == "e2e" or os.environ.get("GPT2_TESTS_FRESH_PYTHON") == "1":
+        yield None
+        return
+    from tests.warm_python import WarmPython
+
+    warm = WarmPython(tmp_path_factory.mktemp("warm-python"))
+    real, sys.executable = sys.executable, warm.executable
+    try:
+        yield warm
+    finally:
+        sys.executable = real
+        warm.stop()
+
+
+@pytest.fixture
+def fresh_python(monkeypatch, warm_python):
+    """For a test where the interpreter itself is the point (the pid it
+    compares, SIGSTOP, the tree of processes under a parent): the real one."""
+    if warm_python is not None:
+        monkeypatch.setattr(sys, "executable", warm_python.real)
+
+
+@pytest.fixture
+def warm_spawn(monkeypatch, warm_python):
+    """multiprocessing's spawned children (gloo ranks started with mp.spawn)
+    from the warm interpreter too: `-c` code through the proxy."""
+    if warm_python is None:
+        yield
+        return
+    import multiprocessing
+
+    monkeypatch.setenv("WARM_PYTHON_C", "1")
+    multiprocessing.set_executable(warm_python.executable)
+    try:
+        yield
+    finally:
+        multiprocessing.set_executable(warm_python.real)
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """A real temporary Prefect server (SQLite) for the whole session; yields its API URL."""

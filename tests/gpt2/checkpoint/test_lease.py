@@ -92,6 +92,7 @@ def _steps_logged(config) -> list[int]:
     return [m.step for m in client.get_metric_history(run_id, "train/loss")]
 
 
+@pytest.mark.usefixtures("fresh_python")  # compares pids; SIGSTOPs the trainer itself
 def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
     config = tiny_config(tmp_path, **{"train.max_steps": 40, "train.checkpoint_every": 4})
     write_dataset(config)
@@ -105,6 +106,7 @@ def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
     assert sorted(steps) == list(range(1, 41))  # every step once: nobody logged twice
 
 
+@pytest.mark.usefixtures("fresh_python")  # compares pids; SIGSTOPs the trainer itself
 def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
     # 16 steps: the taker resumes from step 4 and must be seen training (step 10)
     # before the paused trainer comes back; more steps only lengthen the taker's run.

@@ -21,6 +21,9 @@ from gpt2.model import GPT
 from gpt2.train.optim import load_state, local_part, make_optimizer
 from tests.gpt2.train.fixtures import tiny_config
 
+# Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
+pytestmark = pytest.mark.usefixtures("warm_spawn")
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpt2.distributed import DistEnv, broadcast_bytes
+
+# Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
+pytestmark = pytest.mark.usefixtures("warm_spawn")
 
 
 def _free_port() -> int:

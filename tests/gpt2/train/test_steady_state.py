@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -18,6 +19,9 @@ from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import DDP_BUCKETS, DEFAULT_BUCKET_CAP_MB, bucket_cap_mb, wrap_ddp
 from gpt2.train.step import StepContext, find_micro_batch
+
+# Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
+pytestmark = pytest.mark.usefixtures("warm_spawn")
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,6 +17,9 @@ from gpt2.model import GPT
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import StepContext, train_step, train_step_with_flags
 from tests.gpt2.train.fixtures import tiny_config
+
+# Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
+pytestmark = pytest.mark.usefixtures("warm_spawn")
 
 CPU = torch.device("cpu")
 

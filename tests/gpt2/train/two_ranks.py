@@ -48,7 +48,7 @@ def run_pair(call: str, tmp: Path, timeout: float, env: dict[str, str] | None = 
     """Run `call` (Python code that spawns the pair) in a subprocess of its own
     process group; both ranks' outcomes. A timeout kills the group and fails."""
     proc = subprocess.Popen([sys.executable, "-c", call], cwd=REPO, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                            env={**os.environ, "PYTHONPATH": str(REPO), "WARM_PYTHON_C": "1", **(env or {})})
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

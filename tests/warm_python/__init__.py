@@ -1,0 +1,79 @@
+"""Warm interpreters for the quick tier's trainer processes.
+
+A tiny trainer run costs ~15 s of CPU as a fresh `python -m gpt2.train`, of
+which ~9 s are imports (torch, torch._dynamo through the optimizer, MLflow,
+matplotlib), and the quick tier starts ~150 such processes (trainers, torchrun
+agents and ranks, pairs of gloo ranks). Here each pytest worker starts two
+servers (server.py) that import all that once, and points `sys.executable`
+at a proxy (proxy.py) that has a server fork the process instead: still a
+process of its own (its own pid, gloo, signals, exit code, stdio), running
+the real module as `__main__`, without the imports.
+
+Tests where the interpreter itself is the point (a pid the test compares,
+SIGSTOP, the tree of processes under a parent) take the `fresh_python`
+fixture, which puts the real interpreter back for them. The end-to-end tier
+uses no warm interpreter: its processes are started by the stack as users'
+are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+# Modules the proxy hands to a server: the trainer, torchrun, a node of a
+# multi-node run, and the CLI.
+MODULES = ["gpt2.train", "torch.distributed.run", "gpt2.launch.node", "cli.main"]
+SERVERS = 2
+
+
+class WarmPython:
+    def __init__(self, directory: Path, real: str = sys.executable):
+        self.directory, self.real = directory, real
+        directory.mkdir(parents=True, exist_ok=True)
+        self.sockets = [str(directory / f"server-{i}.sock") for i in range(SERVERS)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.servers = [subprocess.Popen([real, "-m", "tests.warm_python.server", path], cwd=REPO, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=open(directory / f"server-{i}.log", "w"))
+                        for i, path in enumerate(self.sockets)]
+        settings = {"python": real, "sockets": self.sockets,
+                    "servers": {path: server.pid for path, server in zip(self.sockets, self.servers)}, "modules": MODULES, "log": str(directory / "fresh.log"),
+                    "env": dict(os.environ)}
+        (directory / "warm.json").write_text(json.dumps(settings))
+        # The proxy stands where the interpreter stood: beside links to the
+        # rest of its bin directory, so `Path(sys.executable).with_name("gpt2")`
+        # still finds the console scripts.
+        bin_dir = Path(real).parent
+        for entry in bin_dir.iterdir():
+            if not entry.name.startswith("python") and not (directory / entry.name).exists():
+                (directory / entry.name).symlink_to(entry)
+        self.executable = str(directory / "python")
+        source = (HERE / "proxy.py").read_text()
+        Path(self.executable).write_text(f"#!{real} -IS\n{source}")
+        os.chmod(self.executable, 0o755)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(os.path.exists(p) for p in self.sockets):
+            if time.monotonic() > deadline or any(s.poll() is not None for s in self.servers):
+                raise RuntimeError(f"warm python servers did not start: see {self.directory}/server-*.log")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            if server.poll() is None:
+                server.send_signal(signal.SIGTERM)
+        for server in self.servers:
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
