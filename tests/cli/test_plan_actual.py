@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,10 @@ from gpt2 import layout
 from gpt2.plan_actual import ROWS
 from gpt2.train.attempts import read_attempts
 from gpt2.train.run import train
+from tests.cli.plan_process import gpt2_plan
 from tests.cli.test_plan_command import REQUIRED
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
-GPT2 = Path(sys.executable).parent / "gpt2"
 PRICE = 2.0
 
 
@@ -31,8 +30,7 @@ def trained(tmp_path_factory):
 
 
 def _plan(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(GPT2), "plan", "--root", str(root), "--gpu", "H100", *args],
-                          capture_output=True, text=True, timeout=120)
+    return gpt2_plan(root, "--gpu", "H100", *args)
 
 
 def test_the_estimate_beside_the_measured_run(trained):

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-GPT2 = Path(sys.executable).parent / "gpt2"
+from tests.cli.plan_process import gpt2_plan
+
 REQUIRED = {"tokens", "steps", "gpu_hours", "cost", "micro_batch_size"}
 
 
 def _run(*args: str, root: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(GPT2), "plan", "--root", str(root), *args], capture_output=True, text=True, timeout=120)
+    return gpt2_plan(root, *args)
 
 
 def _plan(*args: str, root: Path) -> dict:

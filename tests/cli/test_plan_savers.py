@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +12,7 @@ from gpt2.overrides import resolve_config
 from gpt2.plan import expected_fit, make_plan
 from gpt2.train.memory import estimate_step_bytes
 from gpt2.train.step import MemorySettings
-
-GPT2 = Path(sys.executable).parent / "gpt2"
+from tests.cli.plan_process import gpt2_plan
 
 
 def _plan(tmp_path, preset, gpu, gpus, **sets):
@@ -23,8 +20,7 @@ def _plan(tmp_path, preset, gpu, gpus, **sets):
 
 
 def _cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(GPT2), "plan", "--root", str(tmp_path / "root"), *args],
-                         capture_output=True, text=True, timeout=120)
+    out = gpt2_plan(tmp_path / "root", *args)
     assert out.returncode == 0, out.stderr
     return out
 
