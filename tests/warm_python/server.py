@@ -188,6 +188,22 @@ def _run(request: dict) -> None:
         exec(compile(request["code"], "<string>", "exec"), main.__dict__)
 
 
+def _end_by_sigint() -> None:
+    """As the interpreter ends after an uncaught KeyboardInterrupt: the
+    traceback, the usual shutdown, then killed by SIGINT (a shell sees 130)."""
+    import atexit
+    import threading
+    import traceback
+
+    traceback.print_exc()
+    threading._shutdown()  # non-daemon threads first, as at interpreter exit
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 if __name__ == "__main__":
     _die_with_parent()
     # The server's own sys.path, without its first entry (the directory it was
@@ -198,4 +214,7 @@ if __name__ == "__main__":
     request["base_path"] = BASE
     _become(request, fds, conn)
     del request["base_path"], BASE, fds, conn
-    _run(request)
+    try:
+        _run(request)
+    except KeyboardInterrupt:
+        _end_by_sigint()

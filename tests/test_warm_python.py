@@ -1,0 +1,79 @@
+"""The quick tier's warm interpreter (tests/warm_python) stands for a fresh
+one: the same exit code, output and signals, and a child that is gone when
+its proxy is killed. Each case runs both ways and compares."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+SLEEPER = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(120)"
+
+
+@pytest.fixture
+def interpreters(warm_python):
+    if warm_python is None:
+        pytest.skip("no warm interpreter in this run (end-to-end tier or GPT2_TESTS_FRESH_PYTHON=1)")
+    return {"warm": warm_python.executable, "fresh": warm_python.real}
+
+
+def _env() -> dict:
+    return {**os.environ, "WARM_PYTHON_C": "1"}
+
+
+def test_a_module_ends_with_the_same_code_and_output(interpreters, tmp_path):
+    results = {}
+    for name, exe in interpreters.items():
+        proc = subprocess.run([exe, "-m", "gpt2.train", "--config", str(tmp_path / "missing.json")],
+                              capture_output=True, text=True, timeout=120, env=_env())
+        results[name] = (proc.returncode, proc.stdout, proc.stderr.splitlines()[-1])
+    assert results["warm"] == results["fresh"]
+    assert results["warm"][0] != 0 and "missing.json" in results["warm"][2]
+
+
+def test_code_sees_its_arguments_environment_and_directory(interpreters, tmp_path):
+    code = "import os, sys; print(sys.argv, os.environ['ASKED'], os.getcwd(), sys.path[0] == '')"
+    outs = {name: subprocess.run([exe, "-u", "-c", code, "a", "b"], capture_output=True, text=True, cwd=tmp_path,
+                                 env={**_env(), "ASKED": "yes"}, timeout=60).stdout
+            for name, exe in interpreters.items()}
+    assert outs["warm"] == outs["fresh"] == f"['-c', 'a', 'b'] yes {tmp_path} True\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_ends_the_child_and_the_proxy_ends_as_it_did(interpreters, sig):
+    codes = {}
+    for name, exe in interpreters.items():
+        proc = subprocess.Popen([exe, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=_env())
+        child = int(proc.stdout.readline())
+        assert (child != proc.pid) is (name == "warm")  # the one difference: a forked child's own pid
+        proc.send_signal(sig)
+        codes[name] = proc.wait(timeout=30)
+        # Once the proxy is reaped, its child is gone too (SIGKILL: taken with it).
+        deadline = time.monotonic() + 5
+        while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"{name}: the child outlived its proxy"
+            time.sleep(0.01)
+    # SIGINT too: the uncaught KeyboardInterrupt ends the interpreter by SIGINT.
+    assert codes == {"warm": -sig, "fresh": -sig}
+
+
+def test_descriptors_a_parent_passes_on_arrive_under_their_numbers(interpreters):
+    for exe in interpreters.values():
+        read, write = os.pipe()
+        code = f"import os; os.write({write}, b'through'); os.close({write})"
+        proc = subprocess.run([exe, "-c", code], pass_fds=[write], env=_env(), timeout=60)
+        os.close(write)
+        assert proc.returncode == 0 and os.read(read, 100) == b"through"
+        os.close(read)
+
+
+def test_sys_executable_is_the_proxy_only_while_the_session_runs(warm_python):
+    if warm_python is None:
+        pytest.skip("no warm interpreter in this run")
+    assert sys.executable == warm_python.executable and os.path.exists(warm_python.real)
