@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,13 +39,15 @@ class WarmPython:
         directory.mkdir(parents=True, exist_ok=True)
         self.sockets = [str(directory / f"server-{i}.sock") for i in range(SERVERS)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        self.servers = [subprocess.Popen([real, "-m", "tests.warm_python.server", path], cwd=REPO, env=env,
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=open(directory / f"server-{i}.log", "w"))
-                        for i, path in enumerate(self.sockets)]
-        settings = {"python": real, "sockets": self.sockets,
-                    "servers": {path: server.pid for path, server in zip(self.sockets, self.servers)}, "modules": MODULES, "log": str(directory / "fresh.log"),
-                    "env": dict(os.environ)}
+        self.servers = []
+        for i, path in enumerate(self.sockets):
+            with open(directory / f"server-{i}.log", "w") as log:
+                self.servers.append(subprocess.Popen([real, "-m", "tests.warm_python.server", path], cwd=REPO,
+                                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                     stderr=log))
+        settings = {"python": real, "sockets": self.sockets, "modules": MODULES,
+                    "servers": {path: server.pid for path, server in zip(self.sockets, self.servers)},
+                    "log": str(directory / "fresh.log"), "env": dict(os.environ)}
         (directory / "warm.json").write_text(json.dumps(settings))
         # The proxy stands where the interpreter stood: beside links to the
         # rest of its bin directory, so `Path(sys.executable).with_name("gpt2")`
@@ -59,13 +60,6 @@ class WarmPython:
         source = (HERE / "proxy.py").read_text()
         Path(self.executable).write_text(f"#!{real} -IS\n{source}")
         os.chmod(self.executable, 0o755)
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not all(os.path.exists(p) for p in self.sockets):
-            if time.monotonic() > deadline or any(s.poll() is not None for s in self.servers):
-                raise RuntimeError(f"warm python servers did not start: see {self.directory}/server-*.log")
-            time.sleep(0.1)
 
     def stop(self) -> None:
         for server in self.servers:

@@ -114,7 +114,10 @@ def main() -> None:
     pending: list[int] = []
 
     def forward(signum, _frame) -> None:
-        os.kill(child[0], signum) if child else pending.append(signum)
+        if child:
+            os.kill(child[0], signum)
+        else:
+            pending.append(signum)
 
     for sig in FORWARDED:
         signal.signal(sig, forward)

@@ -11,11 +11,12 @@ non-daemon threads), so its exit code and signals are those of a fresh
     python -m tests.warm_python.server SOCKET
 
 Protocol (AF_UNIX, SOCK_SEQPACKET, one connection per child): the proxy
-(tests/warm_python/proxy.py) sends one JSON request {"argv", "env", "cwd"}
-with its fds 0, 1 and 2; the server answers {"pid": N}, and when the child
-ends {"exit": CODE} or {"signal": N}. A connection that closes first (its
-proxy was SIGKILLed) takes the child with it (SIGKILL), as a killed
-interpreter would have taken itself.
+(tests/warm_python/proxy.py) sends one JSON request (module or code, args,
+-u/-B, env, cwd, the numbers of the descriptors it passes, its own path)
+with every inheritable descriptor it has; the server answers {"pid": N}, and
+when the child ends {"exit": CODE} or {"signal": N}. A connection that
+closes first (its proxy was SIGKILLed) takes the child with it (SIGKILL), as
+a killed interpreter would have taken itself.
 """
 
 from __future__ import annotations
