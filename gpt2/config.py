@@ -89,9 +89,17 @@ class TrainConfig(_Section):
     decay: Literal["cosine", "linear"] = "cosine"
     """Shape of the decay after warmup."""
     weight_decay: float = Field(0.1, ge=0)
-    """AdamW weight decay, applied to 2-D weights only."""
+    """Weight decay (AdamW's, and Muon's for its matrices), applied to 2-D weights only."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas."""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """`adamw`: llm.c's recipe. `muon`: torch.optim.Muon (torch >= 2.9) for the blocks'
+    weight matrices, AdamW for the embeddings, LayerNorms and biases (gpt2.train.muon)."""
+    muon_lr: float | None = Field(None, gt=0)
+    """Muon's peak learning rate, scaled to AdamW's update RMS (None: train.lr); it follows
+    the same warmup and decay. Used with train.optimizer=muon only."""
+    muon_momentum: float = Field(0.95, ge=0, lt=1)
+    """Muon's momentum (Nesterov). Used with train.optimizer=muon only."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this (0 disables)."""
     eval_every: int = Field(250, ge=1)

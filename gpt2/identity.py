@@ -81,11 +81,19 @@ TRAIN_RUNTIME_FIELDS = frozenset({"micro_batch_size", "checkpoint_every", "keep_
                                   "sample_every"})
 
 
+# The optimizer's keys, added after runs were first trained: with AdamW (what
+# the older code ran) they are left out, so those runs keep their address;
+# Muon's own settings count only when Muon runs.
+OPTIMIZER_KEYS = ("optimizer", "muon_lr", "muon_momentum")
+
+
 def train_identity(config: Config, legacy: bool = False) -> dict:
     """What defines a run's weights. `legacy`: the identity of releases
     before 0.2, which counted TRAIN_RUNTIME_FIELDS too (their runs are
     resumed, see gpt2.train.session)."""
     train = config.train.model_dump(mode="json")
+    if train["optimizer"] == "adamw":
+        train = {k: v for k, v in train.items() if k not in OPTIMIZER_KEYS}
     if not legacy:
         train = {k: v for k, v in train.items() if k not in TRAIN_RUNTIME_FIELDS}
     return {

@@ -138,7 +138,7 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
 
     def step_bytes(batch: int, saving: MemorySettings) -> int:
         return estimate_step_bytes(n_params, m.n_layer, m.n_embd, m.vocab_size, batch * m.block_size,
-                                   gpus if saving.shard_optimizer else 1, saving.recompute)
+                                   gpus if saving.shard_optimizer else 1, saving.recompute, t.optimizer)
 
     auto, rt = t.micro_batch_size == "auto", config.runtime
     if auto:

@@ -44,8 +44,9 @@ def set_cuda_limit(device: torch.device, limit_mb: int | None) -> None:
 class _CpuAccount:
     """Running byte count of saved activations; each storage is counted once."""
 
-    def __init__(self, limit: int, model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None):
-        self.limit, self.static = limit, static_bytes(model, optimizer_params)
+    def __init__(self, limit: int, model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None,
+                 state_bytes: int | None):
+        self.limit, self.static = limit, static_bytes(model, optimizer_params, state_bytes)
         self.saved, self.block_measured = 0, False
         # Weights saved for backward are already in `static`.
         self.seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -97,25 +98,32 @@ def resident_bytes(weight_bytes: float, owned_bytes: float, low_precision_copy_b
     return 2 * weight_bytes + 2 * owned_bytes + low_precision_copy_bytes
 
 
-def static_bytes(model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None = None) -> int:
+def static_bytes(model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None = None,
+                 state_bytes: int | None = None) -> int:
     """`resident_bytes` of `model`, with AdamW's moments for `optimizer_params`
-    (this rank's share under ZeRO-1; default all)."""
+    (this rank's share under ZeRO-1; default all), or `state_bytes` of
+    optimizer state when given (gpt2.train.optim.state_bytes: Muon keeps one
+    buffer a matrix, not two)."""
     params = list(model.parameters())
     owned = params if optimizer_params is None else list(optimizer_params)
-    return int(resident_bytes(sum(p.numel() * p.element_size() for p in params),
-                              sum(p.numel() * p.element_size() for p in owned)))
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    if state_bytes is not None:
+        return int(resident_bytes(weight_bytes, 0) + state_bytes)
+    return int(resident_bytes(weight_bytes, sum(p.numel() * p.element_size() for p in owned)))
 
 
 @contextlib.contextmanager
 def cpu_limit(model: torch.nn.Module, device: torch.device, limit_mb: int | None,
-              optimizer_params: Iterable[torch.Tensor] | None = None) -> Iterator[None]:
+              optimizer_params: Iterable[torch.Tensor] | None = None,
+              state_bytes: int | None = None) -> Iterator[None]:
     """Enforce `limit_mb` on a CPU forward/backward (no-op on other devices or
     without a limit). Wrap the forward pass: backward frees what it used.
-    `optimizer_params`: the parameters whose AdamW state this rank keeps."""
+    `optimizer_params`: the parameters whose AdamW state this rank keeps, or
+    `state_bytes`: the bytes of the optimizer state it keeps."""
     if limit_mb is None or device.type != "cpu":
         yield
         return
-    account = _CpuAccount(limit_mb * MB, model, optimizer_params)
+    account = _CpuAccount(limit_mb * MB, model, optimizer_params, state_bytes)
     if account.static > account.limit:
         raise torch.OutOfMemoryError(
             f"CPU memory limit exceeded by the model alone: {account.static / MB:.1f} MiB for weights, "
@@ -243,14 +251,15 @@ RESERVED_BYTES = 1 << 30  # CUDA context, cuBLAS workspaces
 
 
 def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: int, tokens: int,
-                        optimizer_shards: int = 1, recompute: bool = False) -> int:
+                        optimizer_shards: int = 1, recompute: bool = False, optimizer: str = "adamw") -> int:
     """Estimated peak GPU memory of one eager bf16 training step (forward,
     backward, AdamW) over `tokens` = micro-batch × block_size tokens: what the
     micro-batch search (gpt2.train.step.find_micro_batch) would find fits.
     `optimizer_shards`: ranks AdamW's state is split over (ZeRO-1; 1: not
     split). `recompute`: the blocks keep only their inputs, and backward
-    rebuilds one block's activations at a time. An estimate for planning
-    only; the search itself runs real steps."""
+    rebuilds one block's activations at a time. `optimizer`: with `muon` the
+    blocks' matrices (12 n_embd² a block) keep one buffer, not two moments.
+    An estimate for planning only; the search itself runs real steps."""
     if recompute:
         blocks = RECOMPUTE_BYTES_PER_CHANNEL * n_layer + ACTIVATION_BYTES_PER_CHANNEL
     else:
@@ -258,6 +267,8 @@ def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: in
     per_token = (blocks + 6) * n_embd + LOGIT_BYTES_PER_ENTRY * vocab_size
     # fp32 weights and moments, autocast's bf16 copy: STATIC_BYTES_PER_PARAM + ADAMW_BYTES_PER_PARAM a parameter.
     static = resident_bytes(4 * n_params, 4 * n_params / optimizer_shards, 2 * n_params)
+    if optimizer == "muon":  # one fp32 buffer instead of two moments for each matrix
+        static -= 4 * 12 * n_embd * n_embd * n_layer / optimizer_shards
     return int(RESERVED_BYTES + static + FRAGMENTATION * per_token * tokens)
 
 

@@ -1,4 +1,5 @@
-"""AdamW with GPT-2's weight-decay groups, and the learning-rate schedule.
+"""AdamW with GPT-2's weight-decay groups (or Muon beside it, gpt2.train.muon),
+and the learning-rate schedule.
 
 Weight decay applies to 2-D weights (matmuls and embeddings) only; biases and
 LayerNorm gains are not decayed (nanoGPT, llm.c). The schedule is a linear
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from gpt2.checkpoint.optim_share import is_sharded
 from gpt2.config import TrainConfig
+from gpt2.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +42,15 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 @functools.cache
-def _sharded_adamw() -> type:
-    """ShardedAdamW, defined on first use: importing torch.distributed.optim
-    scripts its functional optimizers, seconds that most runs never need."""
+def _sharded(optimizer_class: type) -> type:
+    """Sharded<optimizer_class> (ShardedAdamW, ShardedMuonAdamW), defined on
+    first use: importing torch.distributed.optim scripts its functional
+    optimizers, seconds that most runs never need."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    class ShardedAdamW(ZeroRedundancyOptimizer):
-        """AdamW as ZeRO-1 whose `state_dict` (after `consolidate_state_dict` on
-        every rank) is exactly a plain AdamW's: the same parameter indices and group keys."""
+    class Sharded(ZeroRedundancyOptimizer):
+        """`optimizer_class` as ZeRO-1 whose `state_dict` (after `consolidate_state_dict`
+        on every rank) is exactly the plain optimizer's: the same parameter indices and group keys."""
 
         def state_dict(self) -> dict:
             full = super().state_dict()
@@ -66,27 +69,35 @@ def _sharded_adamw() -> type:
                      for i, entry in state_dict["state"].items()}
             super().load_state_dict({**state_dict, "state": state})
 
-    return ShardedAdamW
+    Sharded.__name__ = Sharded.__qualname__ = f"Sharded{optimizer_class.__name__}"
+    return Sharded
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,
                    shard: bool = False, fused: bool | None = None) -> torch.optim.Optimizer:
-    """AdamW, fused into one kernel on CUDA (llm.c/nanoGPT); the lr is set each
-    step. `shard`: ZeRO-1 over the process group (a plain AdamW on one rank).
-    `fused`: the kernel choice (None: fused on CUDA only; tests run the fused
-    CPU kernel with True)."""
-    groups = param_groups(model, cfg.weight_decay)
+    """AdamW (`train.optimizer=adamw`), or Muon for the blocks' matrices with
+    AdamW for the rest (`muon`), AdamW fused into one kernel on CUDA
+    (llm.c/nanoGPT); the lr is set each step. `shard`: ZeRO-1 over the
+    process group (the plain optimizer on one rank). `fused`: the kernel
+    choice (None: fused on CUDA only; tests run the fused CPU kernel with True)."""
     fused = device_type == "cuda" if fused is None else fused
-    n_decay = sum(p.numel() for p in groups[0]["params"])
-    n_plain = sum(p.numel() for p in groups[1]["params"])
-    log.debug("AdamW: %d decayed / %d non-decayed parameters (fused=%s)", n_decay, n_plain, fused)
-    kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, fused=fused)
+    if cfg.optimizer == "muon":
+        from gpt2.train.muon import MuonAdamW, muon_param_groups, require_muon
+
+        require_muon()
+        optimizer_class, groups, kwargs = MuonAdamW, muon_param_groups(model, cfg, fused), {}
+    else:
+        optimizer_class, groups = torch.optim.AdamW, param_groups(model, cfg.weight_decay)
+        kwargs = dict(lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8, fused=fused)
+    log.debug("%s: %s parameters per group (fused=%s)", optimizer_class.__name__,
+              [sum(p.numel() for p in g["params"]) for g in groups], fused)
     if shard and dist.is_initialized() and dist.get_world_size() > 1:
         # The parameters live in one flat buffer per rank's share: after each step
         # ZeRO broadcasts world-size buffers instead of one tensor per parameter
         # (~580 broadcasts a step at 1558m).
-        return _sharded_adamw()(groups, optimizer_class=torch.optim.AdamW, parameters_as_bucket_view=True, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+        return _sharded(optimizer_class)(groups, optimizer_class=optimizer_class, parameters_as_bucket_view=True,
+                                         **kwargs)
+    return optimizer_class(groups, **kwargs)
 
 
 def local_part(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -96,19 +107,33 @@ def local_part(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer.optim if is_sharded(optimizer) else optimizer
 
 
-def owned_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The parameters whose optimizer state this rank keeps."""
-    return [p for group in local_part(optimizer).param_groups for p in group["params"]]
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer state this rank keeps from step 2 on: AdamW's
+    two moments of each parameter it steps, Muon's one momentum buffer."""
+    return sum(p.numel() * p.element_size() * (1 if group.get("algorithm") == "muon" else 2)
+               for group in local_part(optimizer).param_groups for p in group["params"])
+
+
+def algorithms(param_groups: list[dict]) -> list[str]:
+    """Which algorithm steps each group (AdamW's own groups say none)."""
+    return [g.get("algorithm", "adamw") for g in param_groups]
 
 
 def load_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Load a checkpoint's AdamW state (written plain or sharded, fused or not,
     on any device and number of ranks) so the kernels this optimizer runs
-    find every tensor where and as they expect it (`place_state`)."""
+    find every tensor where and as they expect it (`place_state`). State of
+    another optimizer is refused before anything is loaded."""
+    saved_as, ours = algorithms(saved["param_groups"]), algorithms(optimizer.param_groups)
+    if saved_as != ours:
+        was = "muon" if "muon" in saved_as else "adamw"
+        raise UserError(f"the checkpoint holds the optimizer state of train.optimizer={was} "
+                            f"(groups {saved_as}), this run builds {ours}: set train.optimizer={was} to resume "
+                            "it, or start another run; the checkpoint is left as it is")
     # Kernel choices (fused/foreach) belong to this machine, not the checkpoint.
     # Given to the saved groups, so loading places the state by them, and
     # ZeRO-1 hands them on to its local AdamW.
-    kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+    kernels = [{k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups]
     groups = [{**group, **own} for group, own in zip(saved["param_groups"], kernels, strict=True)]
     optimizer.load_state_dict({**saved, "param_groups": groups})
     place_state(optimizer)
@@ -160,5 +185,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The schedule's lr for every group; Muon's group follows it at
+    `train.muon_lr / train.lr` of it (its `lr_ratio`)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_ratio", 1.0)

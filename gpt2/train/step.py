@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpt2.distributed import DistEnv, all_reduce, autocast
 from gpt2.train import memory
-from gpt2.train.optim import local_part, owned_params
+from gpt2.train.optim import local_part, state_bytes
 from gpt2.train.throughput import synchronize
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
         sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
         with sync:
             with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb,
-                                                             owned_params(optimizer)):
+                                                             state_bytes=state_bytes(optimizer)):
                 _, loss = model(x, y, return_logits=False)
             # The mean over the whole global batch, not the sum of micro-batch means.
             loss = loss / len(batches)
