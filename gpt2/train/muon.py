@@ -77,7 +77,8 @@ class MuonAdamW(torch.optim.Optimizer):
         # Built over the very group dicts, so each fills in its own defaults
         # (amsgrad, nesterov, ns_steps, ...) and they are saved with the state.
         self._steppers = {
-            "adamw": torch.optim.AdamW(self._groups("adamw") or [{"params": []}]),
+            "adamw": torch.optim.AdamW(self._groups("adamw") or [{"params": []}],
+                                       fused=any(g.get("fused") for g in self._groups("adamw")) or None),
             "muon": muon(self._groups("muon") or [{"params": []}]),
         }
 
