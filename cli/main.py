@@ -2,6 +2,7 @@
 
     gpt2 config show --preset smoke --set train.max_steps=20
     gpt2 prepare --preset smoke --json
+    gpt2 report --runs smoke-1a2b3c4d5e6f --out report.png
 
 Logs go to stderr; with --json the last line of stdout is one JSON object.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import config, plan, stages
+from cli import config, plan, report, stages
 from cli.stack import commands as stack_commands
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app.command("export")(stages.export)
 app.add_typer(stack_commands.app, name="stack")
 app.command("run")(stages.run)
 app.command("plan")(plan.plan)
+app.command("report")(report.report)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Parent flow `gpt2` (deployment `gpt2/full-pipeline`): prepare → train →
-evaluate → export, with a parent MLflow run and a child run per stage.
+evaluate → export, with a parent MLflow run and a child run per stage; the
+parent run ends with `report.png`, the runs report (tasks.runs_report).
 
     prefect deployment run gpt2/full-pipeline -p preset=smoke    # on the work pools
     gpt2 run --preset smoke                                      # in this process
@@ -24,6 +25,7 @@ from flows.stages import run_stage_deployment, stage_overrides
 from gpt2 import bill, layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
+from gpt2.secrets import redact
 from gpt2.steps import EPOCH, with_resolved_steps
 from gpt2.tracking import Tracker, ui_link
 from tasks.tracking import stage_run
@@ -85,6 +87,26 @@ def pin_steps(config: Config, params: dict[str, Any]) -> Config:
     return config
 
 
+def report_runs(parent: Tracker, config: Config, train_run_id: str | None, logger: Any) -> None:
+    """The runs report (this pipeline's training run beside the experiment's
+    newest, validation loss and HellaSwag against the published numbers) as
+    `report.png` on the parent run. A figure is a convenience: failing to draw
+    it costs a warning, never the pipeline whose stages all succeeded."""
+    if not parent.enabled:
+        return
+    try:
+        from tasks.runs_report import pipeline_report
+
+        report = pipeline_report(parent, config.tracking.experiment, train_run_id)
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        logger.warning("runs report not drawn: %s: %s", type(err).__name__, redact(str(err)))
+        return
+    logger.info("runs report (%d run(s)) logged to MLflow run %s as report.png", len(report["runs"]), parent.run_id)
+    for skip in report["skipped"]:
+        logger.info("runs report skipped %s (%s)%s: %s", skip["name"], skip["run_id"],
+                    f" on {skip['panel']}" if skip["panel"] else "", skip["reason"])
+
+
 def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> dict[str, Any]:
     train, evaluation, export = results["train"], results["evaluate"], results["export"]
     return {
@@ -142,6 +164,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
                         if isinstance(v, (int, float))})
         parent.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=0)
         parent.log_dict(summary, "pipeline.json")
+        report_runs(parent, config, results["train"].get("mlflow_run_id"), logger)
     return summary
 
 

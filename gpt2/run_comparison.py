@@ -1,0 +1,221 @@
+"""The figure that compares training runs (`gpt2 report`): validation loss and
+HellaSwag acc_norm against tokens trained, a line per run, with published
+GPT-2 124M numbers as horizontal reference lines.
+
+Pure: runs come in as plain data (`RunCurves`, read back from MLflow by
+tasks.runs_report) and `figure_data` returns exactly what is drawn, per run
+and panel, so tests check the series rather than pixels. A run that lacks what
+a panel needs is named in `FigureData.skipped`, never drawn as an empty line.
+
+    data = figure_data(runs)
+    draw(data, Path("report.png"), caption="experiment gpt2 at sqlite:///…")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from gpt2.errors import UserError
+
+# The metric names the trainer logs (gpt2.train.loop, gpt2.train.hellaswag_in_loop)
+# and the evaluate stage logs for its lm-eval score (tasks.evaluate), at the step trained.
+VAL_LOSS, HELLASWAG = "val/loss", "hellaswag/acc_norm"
+
+
+@dataclass(frozen=True)
+class Panel:
+    key: str
+    metric: str
+    title: str
+    percent: bool
+    """acc_norm is logged as a fraction; the axis shows it in percent."""
+
+
+PANELS = (Panel("val_loss", VAL_LOSS, "validation loss", percent=False),
+          Panel("hellaswag", HELLASWAG, "HellaSwag acc_norm", percent=True))
+
+
+@dataclass(frozen=True)
+class Reference:
+    panel: str
+    value: float
+    """In the unit the panel's metric is logged in (acc_norm as a fraction)."""
+    label: str
+    """The legend entry: the number and where it was published."""
+
+
+REFERENCES = (
+    # llm.c's GPT-2 124M run (github.com/karpathy/llm.c/discussions/481): 10B tokens of
+    # FineWeb, loss on FineWeb's validation split. Our split is data.source's (FineWeb-edu for
+    # gpt2-124m), so this line is a guide, not the same measurement.
+    Reference("val_loss", 3.28, "llm.c GPT-2 124M: 3.28 (FineWeb val, 10B tokens; llm.c #481)"),
+    # OpenAI's released GPT-2 124M scored by lm-eval's hellaswag task, 0-shot: the scorer the
+    # evaluate stage runs, and the one the in-loop scorer is proven to match.
+    Reference("hellaswag", 0.311, "OpenAI GPT-2 124M: 31.1% (lm-eval hellaswag acc_norm)"),
+)
+
+
+@dataclass(frozen=True)
+class RunCurves:
+    """One run as read back from tracking: what the figure needs of it."""
+
+    run_id: str
+    name: str
+    tokens_per_step: int | None
+    """train.total_batch_tokens; None when the run has no training params."""
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """metric name -> [(step, value)], one value per step, steps ascending."""
+    evaluated: list[tuple[int, float]] = field(default_factory=list)
+    """lm-eval's HellaSwag acc_norm of the run's evaluated checkpoints: [(step, value)]."""
+    stage: str | None = None
+    hellaswag_note: str | None = None
+    """Set when its HellaSwag is not the full benchmark (another source, a
+    limit): shown in the legend, since the reference line is the full one."""
+
+
+@dataclass(frozen=True)
+class Line:
+    panel: str
+    run_id: str
+    name: str
+    label: str
+    """The legend entry: the run's name (with its id's start where two runs share it)."""
+    source: str
+    """`train` (logged by the trainer) or `evaluate` (the evaluate stage's lm-eval score)."""
+    tokens: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Skip:
+    run_id: str
+    name: str
+    panel: str | None
+    """None: the whole run."""
+    reason: str
+
+    def describe(self) -> str:
+        where = f" on the {self.panel} panel" if self.panel else ""
+        return f"skipped run {self.name} ({self.run_id}){where}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class FigureData:
+    lines: tuple[Line, ...]
+    skipped: tuple[Skip, ...]
+    references: tuple[Reference, ...] = REFERENCES
+
+    def runs_drawn(self) -> list[str]:
+        """Run ids with at least one line, in the order given."""
+        return list(dict.fromkeys(line.run_id for line in self.lines))
+
+    def line(self, panel: str, run_id: str, source: str = "train") -> Line | None:
+        return next((x for x in self.lines if (x.panel, x.run_id, x.source) == (panel, run_id, source)), None)
+
+
+class NothingToDraw(UserError):
+    """None of the runs has a series any panel can draw."""
+
+
+def figure_data(runs: Sequence[RunCurves]) -> FigureData:
+    """The lines each panel draws and the runs (or panels of a run) skipped,
+    with why; NothingToDraw when no run gives any line."""
+    lines: list[Line] = []
+    skipped: list[Skip] = []
+    labels = _labels(runs)
+    for run in runs:
+        if run.tokens_per_step is None:
+            skipped.append(Skip(run.run_id, run.name, None, (
+                f"no train.total_batch_tokens param, so its steps cannot be placed on the tokens axis: "
+                f"not a training run (stage {run.stage or 'unknown'}); name the training run instead")))
+            continue
+        for panel in PANELS:
+            found = _panel_lines(run, panel, labels[run.run_id])
+            if not found:
+                skipped.append(Skip(run.run_id, run.name, panel.key, f"no {panel.metric} metric"
+                                    + _MISSING_HINTS[panel.key]))
+            lines += found
+    if not lines:
+        reasons = "; ".join(s.describe() for s in skipped) or "no runs given"
+        raise NothingToDraw(f"nothing to draw: none of the runs has {VAL_LOSS} or {HELLASWAG} metrics ({reasons}). "
+                            "Name training runs that logged a validation pass (--runs)")
+    return FigureData(tuple(lines), tuple(skipped))
+
+
+_MISSING_HINTS = {
+    "val_loss": " (no validation pass logged yet: it runs every train.eval_every steps and at the last step)",
+    "hellaswag": " (in-loop HellaSwag runs every eval.every_steps, 0 = off, and no evaluate run of this "
+                 "training run was found)",
+}
+
+
+def _labels(runs: Sequence[RunCurves]) -> dict[str, str]:
+    """Run names, with the id's start added where two runs share a name (a
+    `--fresh` restart, the same config on two roots)."""
+    names = [r.name for r in runs]
+    return {r.run_id: r.name if names.count(r.name) == 1 else f"{r.name} ({r.run_id[:8]})" for r in runs}
+
+
+def _panel_lines(run: RunCurves, panel: Panel, label: str) -> list[Line]:
+    per_step = run.tokens_per_step or 0
+    if panel.metric == HELLASWAG and run.hellaswag_note:
+        label = f"{label} [{run.hellaswag_note}]"
+    found = []
+    points = run.series.get(panel.metric) or []
+    if points:
+        found.append(Line(panel.key, run.run_id, run.name, label, "train",
+                          tuple(step * per_step for step, _ in points), tuple(v for _, v in points)))
+    if panel.metric == HELLASWAG and run.evaluated:
+        found.append(Line(panel.key, run.run_id, run.name, f"{label} (lm-eval)", "evaluate",
+                          tuple(step * per_step for step, _ in run.evaluated), tuple(v for _, v in run.evaluated)))
+    return found
+
+
+def tokens_label(tokens: float, _pos: object = None) -> str:
+    """Tick labels as people say token counts: 512, 64K, 10M, 10B."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(tokens) >= scale:
+            return f"{tokens / scale:.3g}{suffix}"
+    return f"{tokens:.3g}"
+
+
+def draw(data: FigureData, path: Path, caption: str = "") -> Path:
+    """The two panels as one PNG at `path` (written whole, then renamed into place)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+    # A Figure of its own on the Agg canvas: no pyplot, so no global backend or
+    # figure registry is touched in the caller's process (a flow, a notebook).
+    fig = Figure(figsize=(13, 5.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    colors = {run_id: f"C{i % 10}" for i, run_id in enumerate(data.runs_drawn())}
+    for ax, panel in zip(axes, PANELS):
+        for line in (x for x in data.lines if x.panel == panel.key):
+            # lm-eval's final scores are single points: stars, not a line between checkpoints.
+            style = ({"marker": "*", "markersize": 12, "linestyle": "none"} if line.source == "evaluate"
+                     else {"marker": "o" if len(line.tokens) <= 30 else None, "markersize": 3, "linewidth": 1.5})
+            ax.plot(line.tokens, line.values, color=colors[line.run_id], label=line.label, **style)
+        if not any(x.panel == panel.key for x in data.lines):
+            ax.text(0.5, 0.5, f"no run has {panel.metric}", transform=ax.transAxes, ha="center", color="gray")
+        for ref in (r for r in data.references if r.panel == panel.key):
+            ax.axhline(ref.value, color="black", linestyle="--", linewidth=1, label=ref.label)
+        ax.set_title(panel.title)
+        ax.set_xlabel("tokens trained")
+        ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
+        if panel.percent:
+            ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize="x-small", color="gray")
+    fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    fig.savefig(partial, format="png", dpi=100)
+    os.replace(partial, path)
+    return path

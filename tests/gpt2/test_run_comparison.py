@@ -1,0 +1,80 @@
+"""The runs-comparison figure from plain data: the lines each panel draws (tokens
+= step x tokens per step), what is skipped and why, the references, the PNG."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2.run_comparison import REFERENCES, FigureData, NothingToDraw, RunCurves, draw, figure_data, tokens_label
+
+A = RunCurves("a" * 32, "smoke-aaa", 256, {"val/loss": [(4, 9.5), (8, 8.25)], "hellaswag/acc_norm": [(8, 0.25)]},
+              stage="train")
+B = RunCurves("b" * 32, "smoke-bbb", 512, {"val/loss": [(5, 9.0)]}, evaluated=[(10, 0.3)], stage="train")
+EVAL = RunCurves("e" * 32, "eval-smoke-bbb-step_000010", None, {"hellaswag/acc_norm": [(10, 0.3)]}, stage="evaluate")
+
+
+def test_lines_are_tokens_against_values_per_run_and_panel():
+    data = figure_data([A, B])
+    a_loss = data.line("val_loss", A.run_id)
+    assert (a_loss.tokens, a_loss.values, a_loss.label) == ((1024, 2048), (9.5, 8.25), "smoke-aaa")
+    assert data.line("hellaswag", A.run_id).tokens == (2048,)
+    assert data.line("val_loss", B.run_id).tokens == (2560,)
+    # B's HellaSwag is the evaluate stage's lm-eval score only: drawn as its own series.
+    assert data.line("hellaswag", B.run_id) is None
+    final = data.line("hellaswag", B.run_id, source="evaluate")
+    assert (final.tokens, final.values, final.label) == ((5120,), (0.3,), "smoke-bbb (lm-eval)")
+    assert data.runs_drawn() == [A.run_id, B.run_id] and data.skipped == ()
+    assert {(r.panel, r.value) for r in data.references} == {("val_loss", 3.28), ("hellaswag", 0.311)}
+
+
+def test_a_run_without_a_panels_metric_is_skipped_on_that_panel_and_one_without_training_params_entirely():
+    only_loss = RunCurves("c" * 32, "smoke-ccc", 256, {"val/loss": [(2, 10.0)]}, stage="train")
+    data = figure_data([only_loss, EVAL])
+    assert [(x.run_id, x.panel) for x in data.lines] == [(only_loss.run_id, "val_loss")]
+    [panel_skip, run_skip] = data.skipped
+    assert (panel_skip.run_id, panel_skip.panel) == (only_loss.run_id, "hellaswag")
+    assert "hellaswag/acc_norm" in panel_skip.reason and "eval.every_steps" in panel_skip.reason
+    assert (run_skip.run_id, run_skip.panel) == (EVAL.run_id, None)
+    assert "train.total_batch_tokens" in run_skip.reason and "evaluate" in run_skip.reason
+    assert run_skip.describe().startswith(f"skipped run {EVAL.name} ({EVAL.run_id}): ")
+
+
+def test_runs_sharing_a_name_are_told_apart_by_their_id():
+    again = RunCurves("d" * 32, A.name, 256, {"val/loss": [(4, 9.0)]}, stage="train")
+    data = figure_data([A, again])
+    assert data.line("val_loss", A.run_id).label == f"smoke-aaa ({'a' * 8})"
+    assert data.line("val_loss", again.run_id).label == f"smoke-aaa ({'d' * 8})"
+
+
+def test_a_hellaswag_that_is_not_the_full_benchmark_says_so_in_its_legend():
+    sample = RunCurves("g" * 32, "smoke-ggg", 256, {"val/loss": [(4, 9.0)], "hellaswag/acc_norm": [(4, 0.3)]},
+                       evaluated=[(4, 0.3)], hellaswag_note="first 100 items")
+    data = figure_data([sample])
+    assert data.line("hellaswag", sample.run_id).label == "smoke-ggg [first 100 items]"
+    assert data.line("hellaswag", sample.run_id, source="evaluate").label == "smoke-ggg [first 100 items] (lm-eval)"
+    assert data.line("val_loss", sample.run_id).label == "smoke-ggg"
+
+
+def test_nothing_to_draw_names_every_run_and_why():
+    empty = RunCurves("f" * 32, "smoke-fff", 256, {}, stage="train")
+    with pytest.raises(NothingToDraw) as err:
+        figure_data([empty, EVAL])
+    message = str(err.value)
+    assert "nothing to draw" in message and empty.run_id in message and EVAL.name in message
+    assert "val/loss" in message and "train.total_batch_tokens" in message
+
+
+def test_draw_writes_one_png_in_place(tmp_path):
+    out = tmp_path / "sub" / "report.png"
+    assert draw(figure_data([A, B]), out, caption="experiment gpt2") == out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert [p.name for p in out.parent.iterdir()] == ["report.png"]  # no partial file left beside it
+    # A panel no run can fill is drawn with its reference and a note, not left out.
+    draw(FigureData(figure_data([B]).lines[:1], (), REFERENCES), tmp_path / "loss-only.png")
+    assert (tmp_path / "loss-only.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("tokens, label", [(512, "512"), (65_536, "65.5K"), (10_000_000, "10M"),
+                                           (9_999_220_736, "10B"), (0, "0")])
+def test_token_ticks_read_as_people_say_them(tokens, label):
+    assert tokens_label(tokens) == label

@@ -1,0 +1,32 @@
+"""MLflow runs made the way the stages make them, for the runs-report tests: a
+training run through gpt2.tracking.Tracker with the trainer's name, tag and
+params (the config, flattened), and an evaluate run through
+tasks.tracking.stage_run with the evaluate task's name and checkpoint tags."""
+
+from __future__ import annotations
+
+from gpt2 import layout
+from gpt2.checkpoint.ref import CheckpointRef
+from gpt2.config import Config
+from gpt2.tracking import Tracker
+from tasks.tracking import checkpoint_tags, stage_run
+
+
+def training_run(config: Config, metrics: dict[str, list[tuple[int, float]]], run_id: str | None = None) -> str:
+    """A training run of `config` that logged `metrics` ({name: [(step, value)]});
+    with `run_id`, that run reopened, as a resumed trainer does."""
+    with Tracker(config, layout.run_name(config), run_id=run_id, tags={"stage": "train"}) as tracker:
+        if run_id is None:
+            tracker.log_params(config.model_dump(mode="json"))
+        for name, points in metrics.items():
+            for step, value in points:
+                tracker.log_metrics({name: value}, step=step)
+    return tracker.run_id
+
+
+def evaluate_run(config: Config, step: int, acc_norm: float) -> str:
+    """The evaluate stage's run for the checkpoint of `config`'s run at `step`."""
+    ref = CheckpointRef(layout.checkpoint_dir(layout.run_dir(config), step), step, "0" * 64)
+    with stage_run(config, f"eval-{ref.run_name}-{ref.step_name}", "evaluate", tags=checkpoint_tags(ref)) as tracker:
+        tracker.log_metrics({"hellaswag/acc": acc_norm - 0.02, "hellaswag/acc_norm": acc_norm}, step=step)
+    return tracker.run_id
