@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -251,7 +252,11 @@ def broadcast_bytes(data: bytes | None, env: DistEnv) -> bytes:
         return b""
     device = env.device if dist.get_backend() == "nccl" else torch.device("cpu")
     if env.is_main:
-        t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        # Over the bytes themselves, not a copy (a checkpoint's share can be GBs);
+        # the broadcast only reads its source, so the buffer's being read-only is moot.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            t = torch.frombuffer(data, dtype=torch.uint8).to(device)
     else:
         t = torch.empty(size[0], dtype=torch.uint8, device=device)
     dist.broadcast(t, src=0)

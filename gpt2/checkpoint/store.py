@@ -65,11 +65,15 @@ class Checkpoint:
     url: str
     state: dict
     model: dict[str, torch.Tensor]
-    optimizer: dict
+    optimizer: dict | None
+    """The whole optimizer state_dict; None when read without it (a resume:
+    each rank then reads its own part, gpt2.checkpoint.optim_load)."""
     rng: dict
     files: dict[str, bytes] | None = None
     """The verified bytes it was decoded from (kept so rank 0 can send them to
     the other ranks; dropped once that is done)."""
+    entries: dict[str, dict] | None = None
+    """Its marker's files: name -> {bytes, sha256}."""
 
     @property
     def step(self) -> int:
@@ -178,7 +182,7 @@ def save_checkpoint(url: str, model: torch.nn.Module, optimizer: torch.optim.Opt
     write_checkpoint(url, *snapshot(model, optimizer), state, rng)
 
 
-def _read_verified(url: str, name: str, expected: dict) -> bytes:
+def read_verified(url: str, name: str, expected: dict) -> bytes:
     try:
         data = storage.read_bytes(storage.join(url, name))
     except FileNotFoundError as err:
@@ -188,12 +192,20 @@ def _read_verified(url: str, name: str, expected: dict) -> bytes:
     return data
 
 
-def load_checkpoint(url: str) -> Checkpoint:
-    """Read and verify (sha256) every file of a checkpoint."""
+def load_checkpoint(url: str, optimizer: bool = True) -> Checkpoint:
+    """Read and verify (sha256) every file of a checkpoint. `optimizer=False`:
+    the optimizer files are verified one at a time and dropped, not decoded
+    (`Checkpoint.optimizer` is None): a resume reads each rank's part apart."""
     marker = read_marker(url)
     if marker is None:
         raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
-    return decode_checkpoint(url, {name: _read_verified(url, name, entry) for name, entry in marker["files"].items()})
+    entries = marker["files"]
+    blobs = {}
+    for name, entry in entries.items():
+        data = read_verified(url, name, entry)
+        if optimizer or not shares.is_optimizer_file(name):
+            blobs[name] = data
+    return decode_checkpoint(url, blobs, entries)
 
 
 def verify_checkpoint(url: str) -> None:
@@ -203,19 +215,21 @@ def verify_checkpoint(url: str) -> None:
     if marker is None:
         raise CheckpointError(f"checkpoint {url} has no valid {MARKER} marker (incomplete)")
     for name, entry in marker["files"].items():
-        _read_verified(url, name, entry)
+        read_verified(url, name, entry)
 
 
-def decode_checkpoint(url: str, blobs: dict[str, bytes]) -> Checkpoint:
-    """A checkpoint from its files' verified bytes (read here, or received from rank 0)."""
+def decode_checkpoint(url: str, blobs: dict[str, bytes], entries: dict[str, dict] | None = None) -> Checkpoint:
+    """A checkpoint from its files' verified bytes (read here, or received from
+    rank 0); the optimizer's only when `blobs` hold its files."""
     try:
         return Checkpoint(
             url=url,
             state=json.loads(blobs["state.json"]),
             model=load_safetensors(blobs["model.safetensors"]),
-            optimizer=_decode_optimizer(blobs),
+            optimizer=_decode_optimizer(blobs) if any(map(shares.is_optimizer_file, blobs)) else None,
             rng=torch.load(io.BytesIO(blobs["rng.pt"]), weights_only=True, map_location="cpu"),
             files=blobs,
+            entries=entries,
         )
     except Exception as err:  # noqa: BLE001 - any decoding failure means a bad checkpoint
         raise CheckpointError(f"checkpoint {url} cannot be decoded: {type(err).__name__}: {err}") from err
@@ -230,7 +244,7 @@ def _decode_optimizer(blobs: dict[str, bytes]) -> dict:
     return parts[0] if len(parts) == 1 else shares.merge(parts, names)
 
 
-def resume_checkpoint(run_dir: str) -> Checkpoint | None:
+def resume_checkpoint(run_dir: str, optimizer: bool = True) -> Checkpoint | None:
     """The newest checkpoint that loads and verifies; damaged newer ones are
     skipped with a warning and then deleted, since the resumed run rewrites
     those steps (and pruning must never keep them over good ones). None when
@@ -239,7 +253,7 @@ def resume_checkpoint(run_dir: str) -> Checkpoint | None:
     damaged = []
     for url in complete_checkpoints(run_dir):
         try:
-            ckpt = load_checkpoint(url)
+            ckpt = load_checkpoint(url, optimizer)
         except CheckpointError as err:
             log.warning("skipping damaged checkpoint: %s; falling back to the previous one", err)
             damaged.append(str(err))
@@ -267,8 +281,8 @@ def load_model(checkpoint_url: str, device: str = "cpu") -> tuple[GPT, Config]:
     marker = read_marker(checkpoint_url)
     if marker is None:
         raise CheckpointError(f"checkpoint {checkpoint_url} has no valid {MARKER} marker (incomplete)")
-    state = _read_verified(checkpoint_url, "state.json", marker["files"]["state.json"])
-    weights = _read_verified(checkpoint_url, "model.safetensors", marker["files"]["model.safetensors"])
+    state = read_verified(checkpoint_url, "state.json", marker["files"]["state.json"])
+    weights = read_verified(checkpoint_url, "model.safetensors", marker["files"]["model.safetensors"])
     config = Config.model_validate(json.loads(state)["config"])
     model = GPT(config.model)
     load_weights(model, load_safetensors(weights))

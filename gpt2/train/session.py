@@ -17,6 +17,7 @@ import torch.distributed as dist
 from gpt2 import layout, storage
 from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
+from gpt2.checkpoint.optim_load import rank_state
 from gpt2.config import Config
 from gpt2.data.loader import TrainLoader, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
@@ -84,21 +85,24 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
             else:  # a newer local copy (its trainer died uploading it) goes to the root first
                 staging.recover(config, fence)
             staging.claim(config)
-            ckpt = store.resume_checkpoint(run_dir) or (None if fresh else _from_earlier_release(config))
+            # The optimizer's files verified, not decoded: each rank reads its own part (optim_load).
+            ckpt = store.resume_checkpoint(run_dir, optimizer=False) or (None if fresh else
+                                                                         _from_earlier_release(config))
         except store.CheckpointError as err:
             error = err
         if ckpt is None and error is None:
             _log_siblings(config)
     if env.is_distributed:
         # The file names too: a checkpoint written on several ranks has one optimizer share per rank.
-        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None]
+        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None,
+               ckpt.entries if ckpt else None]
         dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's read: long timeout
         if box[1] and error is None:
             error = store.CheckpointError(box[1])
         if box[0]:
             files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in box[2]}
             if not env.is_main:
-                ckpt = store.decode_checkpoint(box[0], files)
+                ckpt = store.decode_checkpoint(box[0], files, box[3])
     if ckpt is not None:
         ckpt.files = None  # decoded and sent: no second copy in memory
     if error is not None:
@@ -115,7 +119,7 @@ def _from_earlier_release(config: Config) -> store.Checkpoint | None:
     legacy = layout.legacy_run_dir(config)
     if legacy == layout.run_dir(config):
         return None
-    ckpt = store.resume_checkpoint(legacy)
+    ckpt = store.resume_checkpoint(legacy, optimizer=False)
     if ckpt is not None:
         log.warning("continuing the run at %s (named by an earlier release); new checkpoints go to %s",
                     legacy, layout.run_dir(config))
@@ -247,7 +251,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     # one loads only this rank's part of the (always full) saved state.
     optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
     if ckpt:
-        load_state(optimizer, ckpt.optimizer)
+        load_state(optimizer, rank_state(ckpt.url, ckpt.entries, optimizer, env))
         restore_rng(ckpt.rng, env.device)
     model = compiled(raw, config, env.device)
     if env.is_distributed:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.errors import UserError
 from gpt2.export.hf import write_hf_dir
@@ -23,7 +23,7 @@ from gpt2.train import memory
 from gpt2.train.optim import load_state, make_optimizer, set_lr, state_bytes
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
-from tests.gpt2.train.test_train_process import launch, run_to_end, wait_for
+from tests.gpt2.train.test_train_process import launch, run_to_end, sigkill, wait_for
 from tests.gpt2.train.test_zero import _assert_same_run, _keep_only, _optimizer_state
 
 MUON = {"train.optimizer": "muon"}
@@ -65,7 +65,8 @@ def test_each_group_moves_by_its_own_algorithm():
     for g in opt.param_groups:
         params = [by_name[names[id(p)]] for p in g["params"]]
         settings = {k: v for k, v in g.items() if k not in ("params", "algorithm", "lr_ratio")}
-        apart.append((torch.optim.Muon if g["algorithm"] == "muon" else torch.optim.AdamW)([{"params": params, **settings}]))
+        algorithm = torch.optim.Muon if g["algorithm"] == "muon" else torch.optim.AdamW
+        apart.append(algorithm([{"params": params, **settings}]))
     for step in range(3):
         gen = torch.Generator().manual_seed(step)
         for (n, p), q in zip(model.named_parameters(), twin.parameters()):
@@ -84,7 +85,8 @@ def test_the_optimizer_is_identity_and_adamw_runs_keep_their_address():
     assert train_fingerprint(adamw) == train_fingerprint(tiny_config("memory://r", **{"train.muon_lr": 1.0}))
     muon = tiny_config("memory://r", **MUON)
     assert train_fingerprint(muon) != train_fingerprint(adamw)
-    assert train_fingerprint(tiny_config("memory://r", **MUON, **{"train.muon_momentum": 0.9})) != train_fingerprint(muon)
+    other_momentum = tiny_config("memory://r", **MUON, **{"train.muon_momentum": 0.9})
+    assert train_fingerprint(other_momentum) != train_fingerprint(muon)
 
 
 def test_an_unknown_optimizer_is_a_config_error_naming_the_allowed_values():
@@ -146,8 +148,7 @@ def test_muon_learns_resumes_bit_exactly_after_sigkill_and_exports_what_transfor
 
     proc, lines = launch(config, tmp), []
     wait_for(proc, "step_000002 written", lines)
-    proc.kill()
-    proc.wait()
+    sigkill(proc, layout.run_dir(config))
     assert store.latest_checkpoint(config).endswith("step_000002")
     result = run_to_end(config, tmp)
     assert result["resumed_from_step"] >= 2 and result["final_val_loss"] == ref["final_val_loss"]

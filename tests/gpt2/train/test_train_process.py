@@ -21,6 +21,7 @@ import torch
 
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
+from gpt2.checkpoint.lease import Lease
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import weights
@@ -68,6 +69,25 @@ def run_to_end(config, tmp: Path, torchrun: int = 0) -> dict:
     return json.loads((tmp / "result.json").read_text())
 
 
+def sigkill(proc: subprocess.Popen, run_dir: str, timeout: float = 30) -> None:
+    """SIGKILL the trainer and wait until its process is gone. Under the warm
+    interpreter (tests/warm_python) `proc` is a proxy: the server kills the
+    trainer it forked an instant after the proxy dies, and a rerun started in
+    that instant would find the lease still held by a live process."""
+    proc.kill()
+    proc.wait()
+    _, record = Lease(layout.lease_dir(run_dir), ttl_s=120).current()
+    pid = (record or {}).get("holder", {}).get("pid")
+    deadline = time.monotonic() + timeout
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    assert pid is None, f"the killed trainer (pid {pid}) was still alive after {timeout:.0f} s"
+
+
 def kill_mid_checkpoint(proc: subprocess.Popen, run_dir: str, timeout: float = 120) -> str:
     """SIGKILL while a checkpoint directory exists without its COMPLETE marker."""
     base = storage.local_path(storage.join(run_dir, "checkpoints"))
@@ -76,8 +96,7 @@ def kill_mid_checkpoint(proc: subprocess.Popen, run_dir: str, timeout: float = 1
     while time.monotonic() < deadline and proc.poll() is None:
         for d in base.glob("step_*") if base.exists() else []:
             if not (d / store.MARKER).exists():
-                proc.kill()
-                proc.wait()
+                sigkill(proc, run_dir)
                 return d.name
         time.sleep(0.0005)
     raise AssertionError("never saw a checkpoint being written")
@@ -103,8 +122,7 @@ def test_sigkill_at_arbitrary_points_then_rerun_ends_exactly_like_an_uninterrupt
     # Between checkpoints: step 2's is complete (written in the background, so
     # "step 3/8" can be logged before it is) and step 4's is two steps away.
     wait_for(proc, "step_000002 written", lines)
-    proc.kill()
-    proc.wait()
+    sigkill(proc, run_dir)
     assert store.latest_checkpoint(config).endswith("step_000002")
 
     torn = kill_mid_checkpoint(launch(config, tmp_path), run_dir)  # in the middle of writing one
