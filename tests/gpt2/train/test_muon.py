@@ -1,12 +1,13 @@
 """train.optimizer=muon: Muon for the blocks' matrices, AdamW for the rest,
 with everything AdamW has: its groups by name, an identity of its own (and
 AdamW's runs keep their addresses), the state a checkpoint saves, bit-exact
-resume after SIGKILL, ZeRO-1 shares on two gloo ranks, the memory the probe
+resume after SIGTERM and SIGKILL, ZeRO-1 shares on two gloo ranks, the memory the probe
 and `gpt2 plan` count, and the export that transformers loads."""
 
 from __future__ import annotations
 
 import math
+import signal
 
 import pytest
 import torch
@@ -21,9 +22,10 @@ from gpt2.model import GPT
 from gpt2.overrides import ConfigError
 from gpt2.train import memory
 from gpt2.train.optim import load_state, make_optimizer, set_lr, state_bytes
+from gpt2.train.run import PREEMPTED_EXIT_CODE
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
-from tests.gpt2.train.test_train_process import launch, run_to_end, sigkill, wait_for
+from tests.gpt2.train.test_train_process import finish, launch, run_to_end, sigkill, wait_for
 from tests.gpt2.train.test_zero import _assert_same_run, _keep_only, _optimizer_state
 
 MUON = {"train.optimizer": "muon"}
@@ -138,7 +140,7 @@ def test_the_plan_counts_one_buffer_per_matrix_with_muon():
             - memory.estimate_step_bytes(*args, optimizer_shards=2, optimizer="muon")) == 2 * matrices
 
 
-def test_muon_learns_resumes_bit_exactly_after_sigkill_and_exports_what_transformers_loads(tmp_path):
+def test_muon_learns_resumes_bit_exactly_after_sigterm_and_sigkill_and_exports_what_transformers_loads(tmp_path):
     ref_tmp, tmp = tmp_path / "reference", tmp_path / "killed"
     ref_config, config = tiny_config(ref_tmp, **MUON), tiny_config(tmp, **MUON)
     for c in (ref_config, config):
@@ -146,12 +148,19 @@ def test_muon_learns_resumes_bit_exactly_after_sigkill_and_exports_what_transfor
     ref = run_to_end(ref_config, ref_tmp)  # uninterrupted
     assert ref["final_val_loss"] < math.log(50304) and ref["steps"] == 8  # below chance: it learns
 
+    # SIGTERM: the step finishes, a checkpoint is written, the process exits as preempted.
     proc, lines = launch(config, tmp), []
-    wait_for(proc, "step_000002 written", lines)
-    sigkill(proc, layout.run_dir(config))
-    assert store.latest_checkpoint(config).endswith("step_000002")
+    wait_for(proc, "step 3/8", lines)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc, lines) == PREEMPTED_EXIT_CODE, "".join(lines[-20:])
+    stopped_at = store.load_checkpoint(store.latest_checkpoint(config)).step
+    assert 3 <= stopped_at < 8
+    if stopped_at < 6:  # then SIGKILL after the resumed attempt's next checkpoint
+        proc, lines = launch(config, tmp), []
+        wait_for(proc, f"step_{stopped_at + 2 - stopped_at % 2:06d} written", lines)
+        sigkill(proc, layout.run_dir(config))
     result = run_to_end(config, tmp)
-    assert result["resumed_from_step"] >= 2 and result["final_val_loss"] == ref["final_val_loss"]
+    assert result["resumed_from_step"] >= 4 and result["final_val_loss"] == ref["final_val_loss"]
     ours, theirs = weights(result["checkpoint"]), weights(ref["checkpoint"])
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     a = storage.read_json(storage.join(result["checkpoint"], store.MARKER))["files"]
