@@ -23,6 +23,8 @@ around only when a run needs more tokens than it holds (said in the output).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
 import tempfile
 import time
@@ -69,8 +71,6 @@ CUDA_SIZES = (Size("L6-C384", 6, 6, 384, 1024, 32, 2, 200), Size("gpt2-124m", 12
 
 def tokens_of(corpus: Path, threads: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) token arrays of the corpus; every 20th document is val."""
-    import json
-
     texts = [json.loads(line)["text"] for line in corpus.open(encoding="utf-8")]
     docs = get_encoding("gpt2").encode_ordinary_batch(texts, num_threads=threads)
     split = ([], [])
@@ -182,7 +182,7 @@ def main() -> None:
     if args.sizes:
         sizes = tuple(s for s in sizes if s.name in args.sizes.split(","))
     if args.steps:
-        sizes = tuple(Size(**{**s.__dict__, "steps": args.steps}) for s in sizes)
+        sizes = tuple(dataclasses.replace(s, steps=args.steps) for s in sizes)
     lrs = [float(x) for x in (args.lrs or ("1.5e-3,3e-3" if args.cuda else "3e-3,1e-2")).split(",")]
     with distributed("cuda" if args.cuda else "cpu") as env, tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp, "corpus.jsonl")

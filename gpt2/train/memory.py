@@ -44,9 +44,8 @@ def set_cuda_limit(device: torch.device, limit_mb: int | None) -> None:
 class _CpuAccount:
     """Running byte count of saved activations; each storage is counted once."""
 
-    def __init__(self, limit: int, model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor] | None,
-                 state_bytes: int | None):
-        self.limit, self.static = limit, static_bytes(model, optimizer_params, state_bytes)
+    def __init__(self, limit: int, model: torch.nn.Module, state_bytes: int | None):
+        self.limit, self.static = limit, static_bytes(model, state_bytes=state_bytes)
         self.saved, self.block_measured = 0, False
         # Weights saved for backward are already in `static`.
         self.seen = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -105,25 +104,23 @@ def static_bytes(model: torch.nn.Module, optimizer_params: Iterable[torch.Tensor
     optimizer state when given (gpt2.train.optim.state_bytes: Muon keeps one
     buffer a matrix, not two)."""
     params = list(model.parameters())
-    owned = params if optimizer_params is None else list(optimizer_params)
-    weight_bytes = sum(p.numel() * p.element_size() for p in params)
-    if state_bytes is not None:
-        return int(resident_bytes(weight_bytes, 0) + state_bytes)
-    return int(resident_bytes(weight_bytes, sum(p.numel() * p.element_size() for p in owned)))
+    if state_bytes is None:
+        owned = params if optimizer_params is None else list(optimizer_params)
+        state_bytes = 2 * sum(p.numel() * p.element_size() for p in owned)
+    return int(resident_bytes(sum(p.numel() * p.element_size() for p in params), 0) + state_bytes)
 
 
 @contextlib.contextmanager
 def cpu_limit(model: torch.nn.Module, device: torch.device, limit_mb: int | None,
-              optimizer_params: Iterable[torch.Tensor] | None = None,
               state_bytes: int | None = None) -> Iterator[None]:
     """Enforce `limit_mb` on a CPU forward/backward (no-op on other devices or
     without a limit). Wrap the forward pass: backward frees what it used.
-    `optimizer_params`: the parameters whose AdamW state this rank keeps, or
-    `state_bytes`: the bytes of the optimizer state it keeps."""
+    `state_bytes`: the optimizer state this rank keeps (gpt2.train.optim.state_bytes;
+    None: AdamW's two moments of every parameter)."""
     if limit_mb is None or device.type != "cpu":
         yield
         return
-    account = _CpuAccount(limit_mb * MB, model, optimizer_params, state_bytes)
+    account = _CpuAccount(limit_mb * MB, model, state_bytes)
     if account.static > account.limit:
         raise torch.OutOfMemoryError(
             f"CPU memory limit exceeded by the model alone: {account.static / MB:.1f} MiB for weights, "

@@ -72,13 +72,13 @@ class MuonAdamW(torch.optim.Optimizer):
         unknown = {g.get("algorithm") for g in groups} - set(self.ALGORITHMS)
         if unknown:
             raise ValueError(f"MuonAdamW: groups need algorithm in {self.ALGORITHMS}, got {sorted(map(str, unknown))}")
-        super().__init__(groups, {})
         muon = require_muon()
+        super().__init__(groups, {})
         # Built over the very group dicts, so each fills in its own defaults
         # (amsgrad, nesterov, ns_steps, ...) and they are saved with the state.
+        adamw = self._groups("adamw")
         self._steppers = {
-            "adamw": torch.optim.AdamW(self._groups("adamw") or [{"params": []}],
-                                       fused=any(g.get("fused") for g in self._groups("adamw")) or None),
+            "adamw": torch.optim.AdamW(adamw or [{"params": []}], fused=any(g.get("fused") for g in adamw) or None),
             "muon": muon(self._groups("muon") or [{"params": []}]),
         }
 

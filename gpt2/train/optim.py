@@ -82,9 +82,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,
     choice (None: fused on CUDA only; tests run the fused CPU kernel with True)."""
     fused = device_type == "cuda" if fused is None else fused
     if cfg.optimizer == "muon":
-        from gpt2.train.muon import MuonAdamW, muon_param_groups, require_muon
+        from gpt2.train.muon import MuonAdamW, muon_param_groups  # refuses a torch without Muon
 
-        require_muon()
         optimizer_class, groups, kwargs = MuonAdamW, muon_param_groups(model, cfg, fused), {}
     else:
         optimizer_class, groups = torch.optim.AdamW, param_groups(model, cfg.weight_decay)
@@ -128,8 +127,8 @@ def load_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     if saved_as != ours:
         was = "muon" if "muon" in saved_as else "adamw"
         raise UserError(f"the checkpoint holds the optimizer state of train.optimizer={was} "
-                            f"(groups {saved_as}), this run builds {ours}: set train.optimizer={was} to resume "
-                            "it, or start another run; the checkpoint is left as it is")
+                        f"(groups {saved_as}), this run builds {ours}: set train.optimizer={was} to resume "
+                        "it, or start another run; the checkpoint is left as it is")
     # Kernel choices (fused/foreach) belong to this machine, not the checkpoint.
     # Given to the saved groups, so loading places the state by them, and
     # ZeRO-1 hands them on to its local AdamW.

@@ -60,8 +60,9 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
         last = i == len(batches) - 1
         sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
         with sync:
-            with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb,
-                                                             state_bytes=state_bytes(optimizer)):
+            # The state's bytes only where a limit is emulated: not a walk over every parameter per micro-batch.
+            kept = state_bytes(optimizer) if ctx.memory_limit_mb is not None and device.type == "cpu" else None
+            with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb, kept):
                 _, loss = model(x, y, return_logits=False)
             # The mean over the whole global batch, not the sum of micro-batch means.
             loss = loss / len(batches)
