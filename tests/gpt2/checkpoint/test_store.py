@@ -181,3 +181,20 @@ def test_prune_drops_steps_beyond_the_one_just_written(tmp_path):
         _save(config, model, opt, step)
     store.prune(layout.run_dir(config), keep=2, written_step=4)
     assert [u.rsplit("/", 1)[1] for u in store.complete_checkpoints(config)] == ["step_000004", "step_000002"]
+
+
+def test_a_flipped_byte_in_the_optimizer_state_falls_back_when_resuming_without_decoding_it(tmp_path, caplog):
+    """A resume verifies the optimizer files without decoding them (each rank
+    reads its own part later, gpt2.checkpoint.optim_load): a damaged one must
+    still send the resume to the previous checkpoint."""
+    config = tiny_config(tmp_path)
+    model, opt = _trained_bits(config)
+    good = _save(config, model, opt, 2)
+    bad = _save(config, model, opt, 4)
+    path = storage.local_path(storage.join(bad, "optimizer.pt"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    ckpt = store.resume_checkpoint(layout.run_dir(config), optimizer=False)
+    assert ckpt.url == good and ckpt.optimizer is None and "optimizer.pt" in ckpt.entries
+    assert "optimizer.pt" in caplog.text
