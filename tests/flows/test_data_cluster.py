@@ -27,6 +27,8 @@ from gpt2.overrides import resolve_config
 from tests.conftest import write_jsonl
 
 distributed = pytest.importorskip("distributed")
+# One pytest worker runs the module: its reference run and its cluster are made once.
+pytestmark = pytest.mark.xdist_group("data_cluster")
 
 PART_TOKENS = 20_000
 """Small units (about 70 kB of JSONL each), so the corpus makes several."""
@@ -62,9 +64,12 @@ def one_machine(prefect_server, corpus, tmp_path_factory):
     return load_manifest(result["manifest"]), _shards(result["manifest"])
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def dask_cluster():
-    """Two worker processes of one thread each, behind a scheduler on loopback."""
+    """Two worker processes of one thread each, behind a scheduler on loopback:
+    one cluster for the module's tests, as one remote cluster serves many runs
+    (a worker's first unit pays its imports, ~10 s of CPU). The test that kills
+    a worker comes last; its nanny starts a new one in any case."""
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=":0") as cluster:
         with distributed.Client(cluster, set_as_default=False) as client:
@@ -167,25 +172,6 @@ def _kill_a_busy_worker(client, killed: list, stop: threading.Event) -> None:
         time.sleep(0.005)
 
 
-def test_killed_worker_costs_only_its_unit(prefect_server, corpus, one_machine, dask_cluster, tmp_path):
-    from flows.data import data_flow
-
-    cluster, client = dask_cluster
-    killed: list[str] = []
-    stop = threading.Event()
-    killer = threading.Thread(target=_kill_a_busy_worker, args=(client, killed, stop), daemon=True)
-    killer.start()
-    try:
-        result = data_flow(**_args(tmp_path, corpus, **{"runtime.data_cluster": cluster.scheduler_address}))
-    finally:
-        stop.set()
-        killer.join()
-    assert killed, "no worker was seen running a unit"
-    assert killed[0] not in client.scheduler_info()["workers"]  # really gone (its nanny started a new one)
-    # Dask ran the lost unit again on a live worker; the run did not fail.
-    _same_as_one_machine(result, one_machine)
-
-
 def test_unit_whose_workers_die_each_time_is_named_and_the_rerun_completes(prefect_server, corpus, one_machine,
                                                                           tmp_path):
     import dask
@@ -239,3 +225,22 @@ def test_workers_that_cannot_reach_the_prefect_api_are_named(dask_cluster):
     with pytest.raises(UserError, match=expected) as err:
         _check_workers_reach(client, nobody)
     assert all(worker in str(err.value) for worker in client.scheduler_info()["workers"])
+
+
+def test_killed_worker_costs_only_its_unit(prefect_server, corpus, one_machine, dask_cluster, tmp_path):
+    from flows.data import data_flow
+
+    cluster, client = dask_cluster
+    killed: list[str] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_a_busy_worker, args=(client, killed, stop), daemon=True)
+    killer.start()
+    try:
+        result = data_flow(**_args(tmp_path, corpus, **{"runtime.data_cluster": cluster.scheduler_address}))
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no worker was seen running a unit"
+    assert killed[0] not in client.scheduler_info()["workers"]  # really gone (its nanny started a new one)
+    # Dask ran the lost unit again on a live worker; the run did not fail.
+    _same_as_one_machine(result, one_machine)

@@ -9,9 +9,10 @@ at a proxy (proxy.py) that has a server fork the process instead: still a
 process of its own (its own pid, gloo, signals, exit code, stdio), running
 the real module as `__main__`, without the imports.
 
-Tests where the interpreter itself is the point (a pid the test compares,
-SIGSTOP, the tree of processes under a parent) take the `fresh_python`
-fixture, which puts the real interpreter back for them. The end-to-end tier
+A test that signals or names the trainer itself (SIGSTOP, the pid a lease
+names) asks `running_pid(proc)` for the process behind a proxy; tests where
+the interpreter itself is the point (the tree of processes under a parent)
+take the `fresh_python` fixture, which puts the real interpreter back for them. The end-to-end tier
 uses no warm interpreter: its processes are started by the stack as users'
 are.
 """
@@ -47,7 +48,9 @@ class WarmPython:
                                                      stderr=log))
         settings = {"python": real, "sockets": self.sockets, "modules": MODULES,
                     "servers": {path: server.pid for path, server in zip(self.sockets, self.servers)},
-                    "log": str(directory / "fresh.log"), "env": dict(os.environ)}
+                    "log": str(directory / "fresh.log"), "env": dict(os.environ),
+                    "children": str(directory / "children")}
+        (directory / "children").mkdir(exist_ok=True)
         (directory / "warm.json").write_text(json.dumps(settings))
         # The proxy stands where the interpreter stood: beside links to the
         # rest of its bin directory, so `Path(sys.executable).with_name("gpt2")`
@@ -71,3 +74,20 @@ class WarmPython:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
+    """The pid of the process that runs what `proc` was started for: `proc`'s
+    own with the real interpreter, the forked child a proxy stands for under a
+    warm one (recorded by the proxy once the server forked it)."""
+    import time
+
+    record = Path(sys.executable).parent / "children" / str(proc.pid)
+    if not (Path(sys.executable).parent / "warm.json").exists():
+        return proc.pid
+    deadline = time.monotonic() + timeout
+    while not record.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"no process behind the warm proxy {proc.pid} (exit {proc.poll()})")
+        time.sleep(0.01)
+    return int(record.read_text())

@@ -124,6 +124,12 @@ def main() -> None:
     request.update(env=env, cwd=os.getcwd(), fds=fds, proxy=os.path.abspath(__file__))
     socket.send_fds(conn, [json.dumps(request).encode()], fds)
     child.append(json.loads(conn.recv(1 << 16))["pid"])
+    # Which process stands behind this proxy, for a test that signals or
+    # names the trainer itself (tests.warm_python.running_pid).
+    record = os.path.join(SETTINGS["children"], str(os.getpid()))
+    with open(record + ".tmp", "w") as f:
+        f.write(str(child[0]))
+    os.rename(record + ".tmp", record)
     for signum in pending:
         os.kill(child[0], signum)
     reply = conn.recv(1 << 16)

@@ -17,6 +17,7 @@ from gpt2.checkpoint.lease import Lease, LeaseHeld, LeaseLost
 from gpt2.tracking import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import finish, launch, wait_for
+from tests.warm_python import running_pid
 
 
 @pytest.fixture(params=["file", "memory", "gcs"])
@@ -92,21 +93,26 @@ def _steps_logged(config) -> list[int]:
     return [m.step for m in client.get_metric_history(run_id, "train/loss")]
 
 
-@pytest.mark.usefixtures("fresh_python")  # compares pids; SIGSTOPs the trainer itself
 def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
-    config = tiny_config(tmp_path, **{"train.max_steps": 40, "train.checkpoint_every": 4})
+    config = tiny_config(tmp_path, **{"train.max_steps": 12, "train.checkpoint_every": 4})
     write_dataset(config)
     first, lines = launch(config, tmp_path), []
-    wait_for(first, "step 2/40", lines)
-    second, second_lines = launch(config, tmp_path), []
-    assert finish(second, second_lines, timeout=120) == 1
-    assert any(f"pid {first.pid}" in line and "another trainer holds this run" in line for line in second_lines)
+    wait_for(first, "step 2/12", lines)
+    holder = running_pid(first)
+    # Held still while the second one tries (its lease lives 120 s): it cannot
+    # finish first, however slowly the second starts.
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        second, second_lines = launch(config, tmp_path), []
+        assert finish(second, second_lines, timeout=120) == 1
+    finally:
+        os.kill(holder, signal.SIGCONT)
+    assert any(f"pid {holder}" in line and "another trainer holds this run" in line for line in second_lines)
     assert finish(first, lines) == 0, "".join(lines[-20:])
     steps = _steps_logged(config)
-    assert sorted(steps) == list(range(1, 41))  # every step once: nobody logged twice
+    assert sorted(steps) == list(range(1, 13))  # every step once: nobody logged twice
 
 
-@pytest.mark.usefixtures("fresh_python")  # compares pids; SIGSTOPs the trainer itself
 def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
     # 16 steps: the taker resumes from step 4 and must be seen training (step 10)
     # before the paused trainer comes back; more steps only lengthen the taker's run.
@@ -114,11 +120,12 @@ def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
     write_dataset(config)
     paused, paused_lines = launch(config, tmp_path), []
     wait_for(paused, "step 5/16", paused_lines)
-    os.kill(paused.pid, signal.SIGSTOP)  # a VM that freezes
+    trainer = running_pid(paused)  # the trainer itself, not a warm interpreter's proxy for it
+    os.kill(trainer, signal.SIGSTOP)  # a VM that freezes
     time.sleep(1.5)  # ... past the lease's time
     taker, taker_lines = launch(config, tmp_path), []
     wait_for(taker, "step 10/16", taker_lines)  # it resumed the run and trains on
-    os.kill(paused.pid, signal.SIGCONT)  # the VM comes back
+    os.kill(trainer, signal.SIGCONT)  # the VM comes back
     assert finish(paused, paused_lines, timeout=120) == 1
     assert any("passed to a later trainer" in line or "took over" in line for line in paused_lines)
     assert finish(taker, taker_lines) == 0, "".join(taker_lines[-20:])
