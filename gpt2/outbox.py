@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable
 
@@ -20,6 +21,14 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[Any], None]
 """fn(connection) that sends one queued record."""
+
+_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+
+def running() -> list[Outbox]:
+    """The outboxes of this process whose sender thread was not stopped (an
+    owner that ends without close(), e.g. a test, can stop what it started)."""
+    return list(_RUNNING)
 
 
 class Outbox:
@@ -35,6 +44,7 @@ class Outbox:
         self.attempts = self._started = 0
         self._thread = threading.Thread(target=self._run, name=f"{name}-sender", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     def wait_first_attempt(self, timeout: float) -> None:
         self._tried.wait(timeout)
@@ -74,6 +84,7 @@ class Outbox:
         return True
 
     def stop(self) -> None:
+        _RUNNING.discard(self)
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=5)

@@ -29,6 +29,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 from gpt2.overrides import resolve_config  # noqa: E402
 
+pytest_plugins = ["pytester", "tests.cpu_report"]  # tests of our own fixtures (test_outbox); --cpu-report=N
+
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (the default): a worker more than the cores. Many tests spend
@@ -58,6 +60,20 @@ def warm_python(request, tmp_path_factory):
     finally:
         sys.executable = real
         warm.stop()
+
+
+@pytest.fixture(autouse=True)
+def outboxes_stop_with_their_test():
+    """A tracker a test left open stops sending when the test ends: its
+    thread would otherwise go on retrying a server the test already stopped,
+    and log after pytest closed the stream it logs to ("--- Logging error ---")."""
+    from gpt2 import outbox
+
+    before = set(map(id, outbox.running()))
+    yield
+    for box in outbox.running():
+        if id(box) not in before:
+            box.stop()
 
 
 @pytest.fixture

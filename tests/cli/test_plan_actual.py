@@ -17,6 +17,9 @@ from tests.cli.plan_process import gpt2_plan
 from tests.cli.test_plan_command import REQUIRED
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("plan_actual")
+
 PRICE = 2.0
 
 

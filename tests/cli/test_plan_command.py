@@ -11,6 +11,9 @@ import pytest
 
 from tests.cli.plan_process import gpt2_plan
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("plan_command")
+
 REQUIRED = {"tokens", "steps", "gpu_hours", "cost", "micro_batch_size"}
 
 

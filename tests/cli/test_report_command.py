@@ -17,6 +17,9 @@ from gpt2.tracking import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tasks.tracked_runs import training_run
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("report_command")
+
 
 def gpt2_report(root, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the store under --root

@@ -136,6 +136,7 @@ def test_cli_local_cluster_on_prefect_temporary_server(corpus, one_machine, tmp_
     assert proc.stderr.count("Starting temporary server") == 1
 
 
+@pytest.mark.e2e  # a cluster of its own (workers that see the bucket emulator), ~40 s of CPU
 def test_bucket_source_and_root_read_and_written_by_the_workers(prefect_server, corpus, one_machine, gcs_emulator,
                                                                  monkeypatch, tmp_path):
     """Source and root in a bucket (a real GCS JSON API on loopback), as on a
@@ -172,6 +173,7 @@ def _kill_a_busy_worker(client, killed: list, stop: threading.Event) -> None:
         time.sleep(0.005)
 
 
+@pytest.mark.e2e  # a cluster of its own (no retry after a death), ~40 s of CPU
 def test_unit_whose_workers_die_each_time_is_named_and_the_rerun_completes(prefect_server, corpus, one_machine,
                                                                           tmp_path):
     import dask

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,43 @@ def test_an_outage_before_stop_is_still_warned_once(logged):
     box.stop()
     assert [m for m in logged if "dest unavailable" in m] == [
         "dest unavailable (ConnectionError: refused); continuing, records are kept and retried"]
+
+
+def test_running_lists_an_outbox_until_it_is_stopped():
+    from gpt2 import outbox
+
+    box = Outbox("dest", lambda: None, lambda conn, batch: None, interval_s=0.05)
+    assert box in outbox.running()
+    box.stop()
+    assert box not in outbox.running()
+
+
+LEFT_OPEN = '''
+import logging, sys
+from gpt2.outbox import Outbox
+
+# As MLflow's handler: made at import, writing to the stream pytest captures then.
+logging.getLogger("late").addHandler(logging.StreamHandler(sys.stderr))
+
+def test_leaves_a_sender_retrying():
+    def connect():
+        logging.getLogger("late").warning("retrying a stopped server")
+        raise ConnectionError("down")
+    Outbox("dest", connect, lambda conn, batch: None, interval_s=0.01)
+'''
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_sender_left_open_by_a_test_stops_with_it(pytester, monkeypatch, stopped):
+    """The quick tier's fixture (tests/conftest.py) stops what a test left
+    sending; without it the sender logs after pytest closed its stream."""
+    # The process lingers after pytest closed its streams, as an xdist worker does.
+    conftest = "import atexit, time\n\natexit.register(time.sleep, 2.5)\n"
+    if stopped:
+        conftest = "from tests.conftest import outboxes_stop_with_their_test  # noqa: F401\n" + conftest
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_left_open=LEFT_OPEN)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert ("Logging error" in result.stderr.str()) is not stopped

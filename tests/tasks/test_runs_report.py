@@ -16,6 +16,9 @@ from tasks.runs_report import _hellaswag_note, experiment_id, make_report, open_
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tasks.tracked_runs import evaluate_run, training_run
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("runs_report")
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
@@ -52,8 +55,8 @@ def test_two_runs_are_drawn_the_third_is_named_as_skipped(store, tmp_path):
     final = data.line("hellaswag", store.b, source="evaluate")
     assert (final.tokens, final.values) == ((5120,), (0.3,))
     assert data.line("hellaswag", store.a, source="evaluate") is None
-    # tiny_config is smoke's: its HellaSwag is the format sample, and the legend says so.
-    assert data.line("hellaswag", store.a).label.endswith("[builtin:format-sample, not the benchmark]")
+    # tiny_config is smoke's: its HellaSwag is the format sample (4 items of it), and the legend says so.
+    assert data.line("hellaswag", store.a).label.endswith("[builtin:format-sample, not the benchmark; first 4 items]")
     assert "[" not in data.line("val_loss", store.a).label
     # The third run: named, on both panels, with what it lacks.
     assert [(s.run_id, s.panel) for s in data.skipped] == [(store.c, "val_loss"), (store.c, "hellaswag")]

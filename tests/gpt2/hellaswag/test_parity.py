@@ -15,6 +15,9 @@ from gpt2.hellaswag.lm_eval_model import GPTLM
 from gpt2.model import GPT
 from gpt2.presets import smoke
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("hellaswag_parity")
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):

@@ -15,6 +15,9 @@ from gpt2.model import GPT
 from gpt2.presets import smoke
 from gpt2.tokenizer import get_encoding
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("hellaswag_scorer")
+
 
 @pytest.fixture(scope="module")
 def model():

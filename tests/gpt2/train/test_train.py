@@ -20,6 +20,9 @@ from gpt2.train.run import train
 from gpt2.train.session import TrainingError
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
+# One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("train")
+
 
 def weights(url: str) -> dict[str, torch.Tensor]:
     # Cloned: load_file may map the file, and tests rewrite checkpoint files.
