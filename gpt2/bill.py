@@ -1,7 +1,9 @@
 """What a run cost, from its attempt records (gpt2.train.attempts), and the
 pipeline's sum over its stages. Logged to MLflow under one prefix, `bill/`:
 
-    attempts              training attempts (one per start that trained; a rerun of a finished run adds none)
+    attempts              training attempts: starts that trained a step (one that failed or was stopped
+                          before its first step adds its device time and start-up, not an attempt;
+                          a rerun of a finished run adds nothing)
     device_hours          each attempt's wall time (start to end, or to its last sign of life) x its devices
     steps_redone          steps trained after the checkpoint the next attempt resumed from (trained twice)
     device_hours_redone   those steps at their attempt's device time per step (wall time after start-up / steps)
@@ -42,6 +44,14 @@ def _redone(record: dict, following: dict | None) -> int:
     return 0
 
 
+def trained(record: dict) -> bool:
+    """Whether the attempt trained a step: its first step was recorded, or it
+    reached a step past the one it started from."""
+    if record.get("first_step_at") is not None:
+        return True
+    return int(record.get("step") or 0) > int(record.get("resumed_from") or 0)
+
+
 def _startup_s(record: dict) -> float:
     known = record.get("startup_s")
     return float(known) if known is not None else _wall_s(record)
@@ -71,7 +81,7 @@ def training_bill(records: list[dict], price_per_hour: float | None) -> dict[str
         ends[end] = ends.get(end, 0) + 1
     weight = sum(w for _, w in mfus)
     return {
-        "attempts": len(records),
+        "attempts": sum(1 for r in records if trained(r)),
         "device_hours": device_hours,
         "steps_redone": redone,
         "device_hours_redone": redone_hours,

@@ -143,7 +143,8 @@ class Attempt:
     def _step(self, info: StepInfo) -> None:
         now, r = time.time(), self.record
         took = self.batch_tokens / info.tokens_per_second if info.tokens_per_second else 0.0
-        if r["first_step_at"] is None:  # its time is warm-up (compilation): kept out of step_s
+        first = r["first_step_at"] is None
+        if first:  # its time is warm-up (compilation): kept out of step_s
             r["first_step_at"], r["startup_s"] = now, max(0.0, now - took - r["started_at"])
         else:  # the first step's wait for its batches is start-up
             r["step_s"] += took
@@ -152,7 +153,9 @@ class Attempt:
             if info.mfu is not None:  # a running mean over the steady steps
                 r["mfu"] = (r["mfu"] or 0.0) + (info.mfu - (r["mfu"] or 0.0)) / r["steps_timed"]
         r["step"], r["heartbeat_at"] = info.step, now
-        if now - self._written >= self.heartbeat_s:
+        # The first step at once: from then on the attempt counts in the bill,
+        # even if it is killed before its first heartbeat.
+        if first or now - self._written >= self.heartbeat_s:
             self._write()
 
     def end(self, how: str, message: str | None = None) -> None:

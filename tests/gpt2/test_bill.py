@@ -54,3 +54,23 @@ def test_the_pipeline_adds_the_cpu_stages_at_their_own_price():
     assert total["cost"] == pytest.approx(3.0 * 8.5 + 0.25 * 2.0)
     assert pipeline_bill(train, 2.0, 0.5, None, None)["cost"] is None
     assert set(metrics(total, PIPELINE_METRICS)) == {PREFIX + k for k in PIPELINE_METRICS}
+
+
+def test_a_start_that_never_trained_a_step_is_device_time_not_an_attempt():
+    """An attempt that erred (or was stopped) before its first step held the
+    device: its time is billed, but it is not counted as a training attempt."""
+    failed = attempt(1, 0.0, 90.0, 8, 0, 0, "error", None)
+    failed.update(step=0, first_step_at=None)
+    resumed_then_stopped = attempt(2, 100.0, 30.0, 8, 0, 0, "preempted", None)
+    resumed_then_stopped.update(resumed_from=20, step=20, first_step_at=None)
+    done = attempt(3, 200.0, HOUR, 8, 20, 40, "done", 12.0, last_checkpoint=40)
+    bill = training_bill([failed, resumed_then_stopped, done], price_per_hour=2.0)
+    assert bill["attempts"] == 1
+    assert bill["ends"] == {"error": 1, "preempted": 1, "done": 1}  # how every start ended
+    assert bill["device_hours"] == pytest.approx((90.0 + 30.0 + HOUR) * 8 / HOUR)
+    assert bill["startup_s"] == pytest.approx(90.0 + 30.0 + 12.0)
+    assert bill["cost"] == pytest.approx(2.0 * bill["device_hours"])
+    # A first step on record counts even when no later step or heartbeat was written.
+    killed = attempt(4, 5000.0, 5.0, 8, 40, 40, "killed", 3.0)
+    killed["first_step_at"] = 5003.0
+    assert training_bill([killed], None)["attempts"] == 1

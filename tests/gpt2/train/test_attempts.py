@@ -170,3 +170,53 @@ def test_an_attempt_that_fails_says_so_and_its_steps_past_the_checkpoint_are_red
     assert result.bill["ends"] == {"error": 1, "done": 1}
     assert result.bill["steps_redone"] == failed_at - second["resumed_from"]
     assert second["resumed_from"] == result.resumed_from_step < failed_at
+
+
+def test_the_first_step_is_recorded_at_once_whatever_the_heartbeat(tmp_path):
+    """A trainer SIGKILLed seconds after its first step, before any heartbeat,
+    still left the step on disk: the bill counts it as an attempt that trained."""
+    import json
+
+    from gpt2.bill import training_bill
+    from gpt2.train.attempts import Attempt
+    from gpt2.train.progress import StepInfo
+
+    run_dir = storage.normalize_url(str(tmp_path / "run"))
+    url = layout.attempt_record(run_dir, 1)
+    record = {"attempt": 1, "started_at": time.time(), "devices": 1, "resumed_from": None, "step": None,
+              "first_step_at": None, "startup_s": None, "step_s": 0.0, "steps_timed": 0, "mfu": None,
+              "data_wait_s": 0.0, "heartbeat_at": time.time(), "ended_at": None, "end": None}
+    storage.create_exclusive(url, json.dumps(record).encode())
+    attempt = Attempt(run_dir, heartbeat_s=3600, total_batch_tokens=256, record=record)
+    attempt.url = url
+    attempt.resumed(4, 10)
+    report = attempt.progress(None)
+    report(StepInfo(step=5, max_steps=10, loss=3.0, lr=1e-3, grad_norm=1.0, tokens_per_second=1000.0, mfu=None,
+                    eta_seconds=None))
+    (on_disk,) = read_attempts(run_dir)  # what a killed trainer leaves: no end, no later write
+    assert on_disk["step"] == 5 and on_disk["first_step_at"] is not None and on_disk["end"] is None
+    report(StepInfo(step=6, max_steps=10, loss=2.9, lr=1e-3, grad_norm=1.0, tokens_per_second=1000.0, mfu=None,
+                    eta_seconds=None))
+    assert read_attempts(run_dir)[0]["step"] == 5  # later steps wait for the heartbeat, as before
+    assert training_bill(read_attempts(run_dir), None)["attempts"] == 1
+
+
+def test_a_start_that_fails_before_its_first_step_lets_go_and_is_not_billed_as_an_attempt(tmp_path):
+    """The newcomer's case: a trainer that fails before its first step (here a
+    micro-batch that does not divide the step) releases its lease, so the next
+    good run starts at once, and the bill counts one attempt, with the failed
+    start's device time still in it."""
+    from gpt2.train.session import TrainingError
+
+    config = tiny_config(tmp_path, **{"train.micro_batch_size": 3})  # 8 sequences a step: no divisor
+    write_dataset(config)
+    with pytest.raises(TrainingError, match="micro_batch_size=3 does not divide"):
+        train(config)
+    good = tiny_config(tmp_path)
+    assert layout.run_name(good) == layout.run_name(config)  # the same run: the micro-batch is not its identity
+    result = train(good)
+    records = read_attempts(layout.run_dir(good))
+    assert [r["end"] for r in records] == ["error", "done"] and records[0]["first_step_at"] is None
+    assert result.bill["attempts"] == 1 and result.bill["ends"] == {"error": 1, "done": 1}
+    walls = [r["ended_at"] - r["started_at"] for r in records]
+    assert result.bill["device_hours"] == pytest.approx(sum(walls) / 3600)
