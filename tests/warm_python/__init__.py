@@ -12,9 +12,9 @@ the real module as `__main__`, without the imports.
 A test that signals or names the trainer itself (SIGSTOP, the pid a lease
 names) asks `running_pid(proc)` for the process behind a proxy; tests where
 the interpreter itself is the point (the tree of processes under a parent)
-take the `fresh_python` fixture, which puts the real interpreter back for them. The end-to-end tier
-uses no warm interpreter: its processes are started by the stack as users'
-are.
+take the `fresh_python` fixture, which puts the real interpreter back for
+them. The end-to-end tier uses no warm interpreter: its processes are
+started by the stack as users' are.
 """
 
 from __future__ import annotations
@@ -85,9 +85,13 @@ def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
     record = Path(sys.executable).parent / "children" / str(proc.pid)
     if not (Path(sys.executable).parent / "warm.json").exists():
         return proc.pid
+    with open(f"/proc/{proc.pid}/stat") as f:
+        started = f.read().rsplit(")", 1)[1].split()[19]
     deadline = time.monotonic() + timeout
-    while not record.exists():
+    while True:
+        child, _, of = (record.read_text() if record.exists() else "").partition(" ")
+        if of == started:  # this proxy's record, not one left by an earlier holder of its pid
+            return int(child)
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"no process behind the warm proxy {proc.pid} (exit {proc.poll()})")
         time.sleep(0.01)
-    return int(record.read_text())

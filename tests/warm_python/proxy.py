@@ -125,10 +125,13 @@ def main() -> None:
     socket.send_fds(conn, [json.dumps(request).encode()], fds)
     child.append(json.loads(conn.recv(1 << 16))["pid"])
     # Which process stands behind this proxy, for a test that signals or
-    # names the trainer itself (tests.warm_python.running_pid).
+    # names the trainer itself (tests.warm_python.running_pid); with this
+    # proxy's start time, so a later proxy that reuses the pid is not misread.
     record = os.path.join(SETTINGS["children"], str(os.getpid()))
+    with open("/proc/self/stat") as f:
+        started = f.read().rsplit(")", 1)[1].split()[19]
     with open(record + ".tmp", "w") as f:
-        f.write(str(child[0]))
+        f.write(f"{child[0]} {started}")
     os.rename(record + ".tmp", record)
     for signum in pending:
         os.kill(child[0], signum)
