@@ -42,6 +42,24 @@ def pytest_xdist_auto_num_workers(config):
     return default_workers() + 1
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` on pytest 9: pytest-xdist 3.8 puts a test's group
+    into `item._nodeid`, which pytest 9 no longer reads (Item.nodeid comes from
+    `item._id`), so its scheduler never saw a group. The same suffix, where
+    pytest 9 reads it, on the workers (which collect; the controller does not)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = NodeId.parse(item.nodeid + suffix)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def warm_python(request, tmp_path_factory):
     """The quick tier's trainer processes start from a warm interpreter
