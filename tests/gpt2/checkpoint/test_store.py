@@ -80,15 +80,20 @@ def test_only_complete_checkpoints_count(tmp_path):
     assert store.latest_checkpoint(layout.run_dir(config)) == good
 
 
+def _flip_byte(checkpoint_url: str, name: str, index: int | None, mask: int) -> None:
+    """Flip bits of one byte of a checkpoint's file in place (`index` None: the middle one)."""
+    path = storage.local_path(storage.join(checkpoint_url, name))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if index is None else index] ^= mask
+    path.write_bytes(bytes(data))
+
+
 def test_corrupt_latest_falls_back_with_a_warning(tmp_path, caplog):
     config = tiny_config(tmp_path)
     model, opt = _trained_bits(config)
     good = _save(config, model, opt, 2)
     bad = _save(config, model, opt, 4)
-    path = storage.local_path(storage.join(bad, "model.safetensors"))
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF  # same size, so only the checksum notices
-    path.write_bytes(bytes(data))
+    _flip_byte(bad, "model.safetensors", -1, 0xFF)  # same size, so only the checksum notices
     with pytest.raises(store.CheckpointError, match="model.safetensors"):
         store.load_checkpoint(bad)
     ckpt = store.resume_checkpoint(layout.run_dir(config))
@@ -191,10 +196,7 @@ def test_a_flipped_byte_in_the_optimizer_state_falls_back_when_resuming_without_
     model, opt = _trained_bits(config)
     good = _save(config, model, opt, 2)
     bad = _save(config, model, opt, 4)
-    path = storage.local_path(storage.join(bad, "optimizer.pt"))
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+    _flip_byte(bad, "optimizer.pt", None, 0x01)
     ckpt = store.resume_checkpoint(layout.run_dir(config), optimizer=False)
     assert ckpt.url == good and ckpt.optimizer is None and "optimizer.pt" in ckpt.entries
     assert "optimizer.pt" in caplog.text
