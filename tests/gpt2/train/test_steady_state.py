@@ -133,6 +133,8 @@ def _parallel_worker(rank: int, tmp: str) -> None:
         }
         with open(f"{tmp}/rank{rank}.json", "w") as f:
             json.dump(report, f)
+        # DDP's reducer must not be what frees the group (gpt2.distributed's `_retired` says why).
+        del ddp, zero
     finally:
         dist.destroy_process_group()
 
