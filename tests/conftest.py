@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -60,24 +61,82 @@ def pytest_collection_modifyitems(config, items):
             item._id = NodeId.parse(item.nodeid + suffix)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def warm_python(request, tmp_path_factory):
-    """The quick tier's trainer processes start from a warm interpreter
-    (tests/warm_python): `sys.executable` is its proxy for the whole session.
-    Not in the end-to-end tier, nor with GPT2_TESTS_FRESH_PYTHON=1 (every
-    process then starts cold, as users' do)."""
-    if request.config.getoption("markexpr") == "e2e" or os.environ.get("GPT2_TESTS_FRESH_PYTHON") == "1":
+def _e2e_session(config) -> bool:
+    return config.getoption("markexpr") == "e2e"
+
+
+# The warm interpreter that `sys.executable` points at now (None: the real one).
+_warm_active = None
+
+
+@contextlib.contextmanager
+def _executable_of(warm):
+    """`sys.executable` is `warm`'s proxy inside the block."""
+    global _warm_active
+    real, sys.executable, _warm_active = sys.executable, warm.executable, warm
+    try:
+        yield warm
+    finally:
+        sys.executable, _warm_active = real, None
+
+
+@pytest.fixture(scope="session")
+def warm_interpreter(tmp_path_factory):
+    """This pytest worker's warm servers (tests/warm_python), started on first
+    use and stopped with the session; None with GPT2_TESTS_FRESH_PYTHON=1
+    (every process then starts cold, as users' do)."""
+    if os.environ.get("GPT2_TESTS_FRESH_PYTHON") == "1":
         yield None
         return
     from tests.warm_python import WarmPython
 
     warm = WarmPython(tmp_path_factory.mktemp("warm-python"))
-    real, sys.executable = sys.executable, warm.executable
     try:
         yield warm
     finally:
-        sys.executable = real
         warm.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_python(request):
+    """The quick tier's processes start from the warm interpreter:
+    `sys.executable` is its proxy for the whole session. The end-to-end tier
+    starts its stacks' processes as users' are; only its modules of
+    multi-process scenarios (marked `warm`) are warm, for their duration
+    (`warm_module`)."""
+    warm = None if _e2e_session(request.config) else request.getfixturevalue("warm_interpreter")
+    if warm is None:
+        yield None
+        return
+    with _executable_of(warm):
+        yield warm
+
+
+_WARM_MODULES = pytest.StashKey[set]()
+
+
+def pytest_collection_finish(session):
+    """The modules that have tests marked `warm` among those this session runs."""
+    session.config.stash[_WARM_MODULES] = {item.module.__name__ for item in session.items
+                                           if item.get_closest_marker("warm") and hasattr(item, "module")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_module(request):
+    """In the end-to-end tier, a module with tests marked `warm` (multi-process
+    scenarios moved out of the quick tier, not on a stack) runs from the warm
+    interpreter as it did there. Module-scoped and autouse, so it is in place
+    before the module's own fixtures start their processes."""
+    if (_warm_active is not None or not _e2e_session(request.config)
+            or request.module.__name__ not in request.config.stash.get(_WARM_MODULES, set())):
+        yield
+        return
+    warm = request.getfixturevalue("warm_interpreter")
+    if warm is None:
+        yield
+        return
+    with _executable_of(warm):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -95,28 +154,29 @@ def outboxes_stop_with_their_test():
 
 
 @pytest.fixture
-def fresh_python(monkeypatch, warm_python):
+def fresh_python(monkeypatch):
     """For a test where the interpreter itself is the point (the pid it
     compares, SIGSTOP, the tree of processes under a parent): the real one."""
-    if warm_python is not None:
-        monkeypatch.setattr(sys, "executable", warm_python.real)
+    if _warm_active is not None:
+        monkeypatch.setattr(sys, "executable", _warm_active.real)
 
 
 @pytest.fixture
-def warm_spawn(monkeypatch, warm_python):
+def warm_spawn(monkeypatch):
     """multiprocessing's spawned children (gloo ranks started with mp.spawn)
     from the warm interpreter too: `-c` code through the proxy."""
-    if warm_python is None:
+    warm = _warm_active
+    if warm is None:
         yield
         return
     import multiprocessing
 
     monkeypatch.setenv("WARM_PYTHON_C", "1")
-    multiprocessing.set_executable(warm_python.executable)
+    multiprocessing.set_executable(warm.executable)
     try:
         yield
     finally:
-        multiprocessing.set_executable(warm_python.real)
+        multiprocessing.set_executable(warm.real)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ import time
 import psutil
 import pytest
 
+from tests.tiers import scenario
+
 SLEEPER = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(120)"
 
 
@@ -77,3 +79,15 @@ def test_sys_executable_is_the_proxy_only_while_the_session_runs(warm_python):
     if warm_python is None:
         pytest.skip("no warm interpreter in this run")
     assert sys.executable == warm_python.executable and os.path.exists(warm_python.real)
+
+
+@scenario
+def test_a_multi_process_scenario_of_the_end_to_end_tier_starts_its_processes_warm(warm_interpreter):
+    """Moved out of the quick tier, a scenario keeps its warm interpreter
+    (conftest's warm_module) instead of paying ~9 s of imports a process."""
+    if warm_interpreter is None:
+        pytest.skip("GPT2_TESTS_FRESH_PYTHON=1: every process starts cold")
+    assert sys.executable == warm_interpreter.executable
+    proc = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr  # forked after torch's import

@@ -25,10 +25,11 @@ from gpt2.data.units import plan_units
 from gpt2.errors import UserError
 from gpt2.overrides import resolve_config
 from tests.conftest import write_jsonl
+from tests.tiers import SCENARIO
 
 distributed = pytest.importorskip("distributed")
 # One pytest worker runs the module: its reference run and its cluster are made once.
-pytestmark = pytest.mark.xdist_group("data_cluster")
+pytestmark = [*SCENARIO, pytest.mark.xdist_group("data_cluster")]
 
 PART_TOKENS = 20_000
 """Small units (about 70 kB of JSONL each), so the corpus makes several."""
@@ -116,7 +117,7 @@ def test_cluster_run_gives_the_one_machine_shards(prefect_server, corpus, one_ma
     assert data_flow(**args)["cached"] is True
 
 
-@pytest.mark.e2e  # the CLI process, its temporary Prefect server and a Dask cluster of worker processes
+# the CLI process, its temporary Prefect server and a Dask cluster of worker processes
 def test_cli_local_cluster_on_prefect_temporary_server(corpus, one_machine, tmp_path):
     """`gpt2 prepare --set runtime.data_cluster=local` with no PREFECT_API_URL:
     the units report to the temporary server Prefect starts for the run, which
@@ -136,7 +137,7 @@ def test_cli_local_cluster_on_prefect_temporary_server(corpus, one_machine, tmp_
     assert proc.stderr.count("Starting temporary server") == 1
 
 
-@pytest.mark.e2e  # a cluster of its own (workers that see the bucket emulator), ~40 s of CPU
+# a cluster of its own (workers that see the bucket emulator), ~40 s of CPU
 def test_bucket_source_and_root_read_and_written_by_the_workers(prefect_server, corpus, one_machine, gcs_emulator,
                                                                  monkeypatch, tmp_path):
     """Source and root in a bucket (a real GCS JSON API on loopback), as on a
@@ -173,7 +174,7 @@ def _kill_a_busy_worker(client, killed: list, stop: threading.Event) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.e2e  # a cluster of its own (no retry after a death), ~40 s of CPU
+# a cluster of its own (no retry after a death), ~40 s of CPU
 def test_unit_whose_workers_die_each_time_is_named_and_the_rerun_completes(prefect_server, corpus, one_machine,
                                                                           tmp_path):
     import dask

@@ -19,6 +19,7 @@ from gpt2 import layout
 from gpt2.data.manifest import load_manifest
 from gpt2.storage import local_path
 from tests.conftest import write_jsonl
+from tests.tiers import scenario
 
 
 @pytest.fixture
@@ -106,6 +107,7 @@ def test_cli_bad_input_exits_nonzero_with_named_error(prefect_server, tmp_path):
     assert proc.returncode == 2 and "data.shard_size" in err and "bogus.key" in err
 
 
+@scenario
 def test_kill_at_any_moment_then_rerun_gives_same_manifest(prefect_server, tmp_path, prose_docs):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", prose_docs * 6)
     sets = ["--set", f"data.source={corpus}", "--set", "data.val_tokens=5000", "--set", "data.shard_size=50000",

@@ -24,6 +24,9 @@ from gpt2.launch import multinode
 from gpt2.launch.torchrun import torchrun_command
 from gpt2.train.status_file import StatusFile
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset, write_run_json
+from tests.tiers import SCENARIO
+
+pytestmark = SCENARIO
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,6 +11,7 @@ from prefect.client.orchestration import get_client
 from flows.train import train_flow
 from gpt2.checkpoint import store
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
+from tests.tiers import scenario
 
 KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
         "tokens_per_second", "mlflow_run_id"}
@@ -47,6 +48,7 @@ def test_flow_trains_then_is_cached_and_fresh_starts_over(stage):
     assert fresh["final_val_loss"] == first["final_val_loss"]
 
 
+@scenario
 def test_several_processes_run_under_torchrun(stage):
     config, args = stage
     args["overrides"] = {**args["overrides"], "runtime.nproc_per_node": 2, "train.max_steps": 4}

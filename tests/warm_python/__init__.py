@@ -13,8 +13,9 @@ A test that signals or names the trainer itself (SIGSTOP, the pid a lease
 names) asks `running_pid(proc)` for the process behind a proxy; tests where
 the interpreter itself is the point (the tree of processes under a parent)
 take the `fresh_python` fixture, which puts the real interpreter back for
-them. The end-to-end tier uses no warm interpreter: its processes are
-started by the stack as users' are.
+them. The end-to-end tier starts its stacks' processes as users' are, cold;
+its multi-process scenarios (marked `warm`) keep the warm interpreter
+(tests/conftest.py::warm_module).
 """
 
 from __future__ import annotations

@@ -28,10 +28,11 @@ from gpt2.model import GPT
 from gpt2.train.optim import load_state, make_optimizer
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import run_to_end
+from tests.tiers import SCENARIO
 
 # Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
-pytestmark = [pytest.mark.usefixtures("warm_spawn"), pytest.mark.xdist_group("resume_memory")]
+pytestmark = [*SCENARIO, pytest.mark.usefixtures("warm_spawn"), pytest.mark.xdist_group("resume_memory")]
 
 THREE_RANKS = {"runtime.shard_optimizer": True, "train.total_batch_tokens": 384, "train.micro_batch_size": 2,
                "train.max_steps": 2, "train.checkpoint_every": 2, "train.eval_every": 2}

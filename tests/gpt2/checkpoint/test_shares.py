@@ -20,6 +20,7 @@ from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.model import GPT
 from gpt2.train.optim import load_state, local_part, make_optimizer
 from tests.gpt2.train.fixtures import tiny_config
+from tests.tiers import scenario
 
 # Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
 pytestmark = pytest.mark.usefixtures("warm_spawn")
@@ -115,6 +116,7 @@ def _assert_same_state(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("world,shard", [(2, True), (3, False)])
+@scenario
 def test_each_rank_writes_its_share_and_any_setting_loads_the_whole(tmp_path, world, shard):
     results = _run(world, tmp_path, shard)
     assert results == {r: (None, True) for r in range(world)}  # each rank resumed exactly its own state
@@ -134,6 +136,7 @@ def test_each_rank_writes_its_share_and_any_setting_loads_the_whole(tmp_path, wo
     _assert_same_state(fresh.state_dict(), _reference_state(config))
 
 
+@scenario
 def test_the_exports_come_from_a_checkpoint_written_in_shares(tmp_path):
     from gpt2.checkpoint.ref import resolve_checkpoint
     from gpt2.export.writer import build_local
@@ -148,6 +151,7 @@ def test_the_exports_come_from_a_checkpoint_written_in_shares(tmp_path):
     assert all(torch.equal(trained[k], loaded[k]) for k in trained)
 
 
+@scenario
 def test_a_checkpoint_in_the_layout_before_shares_loads_into_zero_on_two_ranks(tmp_path):
     """Written as releases before shares did (one optimizer.pt with the whole
     state, the marker naming the four files), it resumes under ZeRO-1."""
@@ -163,6 +167,7 @@ def test_a_checkpoint_in_the_layout_before_shares_loads_into_zero_on_two_ranks(t
     assert shares.optimizer_files(store.read_marker(url)["files"]) == [shares.share_name(r, 2) for r in range(2)]
 
 
+@scenario
 def test_a_failure_on_one_rank_fails_the_save_on_every_rank_and_commits_nothing(tmp_path):
     results = _run(2, tmp_path, shard=True, fence=True)
     assert results[0][0].startswith("_Fenced: the lease moved")  # where it happened: its own error

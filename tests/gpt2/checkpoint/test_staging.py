@@ -22,6 +22,7 @@ from gpt2.kill_window import kill_window, window_warning
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import assert_same_weights
 from tests.gpt2.train.test_train_process import finish, launch, run_to_end, wait_for
+from tests.tiers import scenario
 
 REPO = Path(__file__).resolve().parents[3]
 ONLY_AT_THE_END = {"train.checkpoint_every": 100}  # the SIGTERM save is the run's first
@@ -43,6 +44,7 @@ def _killed_after_local_write(config, tmp: Path) -> int:
     return store.read_marker(staged[0])["step"]
 
 
+@scenario
 def test_a_local_copy_left_by_a_killed_upload_is_uploaded_and_resumed(tmp_path):
     reference = tiny_config(tmp_path / "reference", **ONLY_AT_THE_END)
     write_dataset(reference)
@@ -96,6 +98,7 @@ def test_a_save_longer_than_the_kill_window_names_what_to_change():
     assert "not even its local copy" in slow_disk and "runtime.work_dir" in slow_disk
 
 
+@scenario
 def test_two_roots_on_one_machine_stage_apart_and_a_copy_staged_for_one_never_enters_the_other(tmp_path):
     """One machine, one work dir, the same config on two roots (a bucket run and
     a local try, say): root a's trainer is killed after its local write; then

@@ -16,6 +16,9 @@ from gpt2.data.manifest import load_manifest
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn
+from tests.tiers import SCENARIO
+
+pytestmark = SCENARIO
 
 RUN_TIMEOUT_S = 240
 

@@ -23,6 +23,7 @@ from gpt2.data.unit_pool import UnitPool
 from gpt2.data.units import Unit, UnitResult, plan_units, tokenize_unit
 from gpt2.overrides import resolve_config
 from gpt2.tokenizer import EOT_TOKEN
+from tests.tiers import scenario
 
 PYDOC_DIGEST = "42013c0f9d9218e4"
 """builtin_digest of the Python docs the hashes below were recorded with."""
@@ -89,6 +90,7 @@ def stream_of(tok) -> np.ndarray:
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
+@scenario
 def test_shards_are_the_ones_recorded_before_units_for_any_worker_count(tmp_path, workers):
     if sources.builtin_digest("builtin:python-docs") != PYDOC_DIGEST:
         pytest.skip("this Python ships other pydoc topics than the ones the hashes were recorded with")

@@ -19,6 +19,7 @@ from gpt2.bill import PREFIX
 from gpt2.train.attempts import read_attempts
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
+from tests.tiers import scenario
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -60,6 +61,7 @@ def _resumed_from(log: str) -> int:
     return int(found.group(1)) if found else 0
 
 
+@scenario
 def test_sigkill_and_sigterm_attempts_are_counted_exactly_with_the_steps_redone(tmp_path):
     config = tiny_config(tmp_path, **{"runtime.heartbeat_s": 0})  # every step's progress is recorded
     write_dataset(config)

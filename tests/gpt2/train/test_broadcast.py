@@ -12,9 +12,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gpt2.distributed import DistEnv, broadcast_bytes
+from tests.tiers import SCENARIO
 
 # Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
-pytestmark = pytest.mark.usefixtures("warm_spawn")
+pytestmark = [*SCENARIO, pytest.mark.usefixtures("warm_spawn")]
 
 
 def _free_port() -> int:

@@ -22,6 +22,7 @@ from gpt2.launch.k8s_status import NodeLost, job_state, outcome
 from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.tiers import scenario
 
 REPO = Path(__file__).resolve().parents[3]
 POOL = json.loads((REPO / "deployments" / "pools" / "kubernetes-gpu.json").read_text())
@@ -205,6 +206,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@scenario
 def test_the_pods_command_trains_as_two_local_pods_and_their_records_give_the_result(tmp_path):
     config = tiny_config(tmp_path, **{"runtime.nnodes": 2, "train.max_steps": 4})
     write_dataset(config)

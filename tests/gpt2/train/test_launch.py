@@ -17,6 +17,7 @@ from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
 from gpt2.train.status_file import StatusFile, step_info
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.tiers import scenario
 
 INFO = StepInfo(step=12, max_steps=60, loss=7.12345, lr=1e-3, grad_norm=0.8123, tokens_per_second=15321.7,
                 mfu=None, eta_seconds=3.5, val_loss=3.281)
@@ -59,6 +60,7 @@ def _two_processes(tmp_path, **overrides):
     return config
 
 
+@scenario
 def test_torchrun_progress_comes_from_the_status_file(tmp_path):
     config = _two_processes(tmp_path, **{"train.max_steps": 4})
     seen: list[StepInfo] = []
@@ -67,6 +69,7 @@ def test_torchrun_progress_comes_from_the_status_file(tmp_path):
     assert [i.step for i in seen] == [1, 2, 3, 4] and all(i.max_steps == 4 for i in seen)
 
 
+@scenario
 def test_torchrun_sigterm_outcome_is_preempted_and_a_training_error_is_named(tmp_path):
     config = _two_processes(tmp_path, **{"train.checkpoint_every": 100})
     seen: list[StepInfo] = []

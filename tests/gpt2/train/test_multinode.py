@@ -26,9 +26,10 @@ from gpt2.train.run import PREEMPTED_EXIT_CODE
 from gpt2.train.status_file import StatusFile
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import weights
+from tests.tiers import SCENARIO
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("multinode")
+pytestmark = [*SCENARIO, pytest.mark.xdist_group("multinode")]
 
 REPO = Path(__file__).resolve().parents[3]
 # Only the end (and a SIGTERM) write a checkpoint: 12 steps leave room to stop in between.

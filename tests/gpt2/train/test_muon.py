@@ -27,6 +27,7 @@ from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
 from tests.gpt2.train.test_train_process import finish, launch, run_to_end, sigkill, wait_for
 from tests.gpt2.train.test_zero import _assert_same_run, _keep_only, _optimizer_state
+from tests.tiers import scenario
 
 MUON = {"train.optimizer": "muon"}
 
@@ -140,6 +141,7 @@ def test_the_plan_counts_one_buffer_per_matrix_with_muon():
             - memory.estimate_step_bytes(*args, optimizer_shards=2, optimizer="muon")) == 2 * matrices
 
 
+@scenario
 def test_muon_learns_resumes_bit_exactly_after_sigterm_and_sigkill_and_exports_what_transformers_loads(tmp_path):
     ref_tmp, tmp = tmp_path / "reference", tmp_path / "killed"
     ref_config, config = tiny_config(ref_tmp, **MUON), tiny_config(tmp, **MUON)
@@ -179,6 +181,7 @@ def test_muon_learns_resumes_bit_exactly_after_sigterm_and_sigkill_and_exports_w
         torch.testing.assert_close(hf(idx).logits, model(idx)[0][..., :50257], rtol=0, atol=1e-5)
 
 
+@scenario
 def test_muon_as_zero1_on_two_gloo_ranks_keeps_shares_and_resumes_across_the_setting(tmp_path):
     """ZeRO-1 gives each rank whole matrices: its share of Muon's state in its
     own file; resumed without ZeRO-1 at step 4, the run ends bit for bit the same."""

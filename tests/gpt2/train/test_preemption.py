@@ -19,6 +19,7 @@ from gpt2.checkpoint import store
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.run import Preempted, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
+from tests.tiers import scenario
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -105,6 +106,7 @@ training_flow()
 """
 
 
+@scenario
 def test_a_prefect_flow_run_ends_crashed_not_failed(tmp_path, prefect_server):
     """In its own process: after Prefect's bridge marks the run Crashed, it
     ends the process with the signal, as a preempted machine would see."""

@@ -12,6 +12,9 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import run_to_end
+from tests.tiers import SCENARIO
+
+pytestmark = SCENARIO
 
 # gpt2-1558m is 48 layers, 1600 channels, 25 heads: the layers and channels
 # divided by 16 (the same depth for its width), the heads kept.

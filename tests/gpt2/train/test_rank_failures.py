@@ -16,6 +16,9 @@ from gpt2.checkpoint import store
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn
+from tests.tiers import SCENARIO
+
+pytestmark = SCENARIO
 
 FAIL_AT = 3  # the step whose report fails on rank 0 (checkpoints at 2, 4, ...)
 

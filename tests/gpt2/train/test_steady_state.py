@@ -19,6 +19,7 @@ from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import DDP_BUCKETS, DEFAULT_BUCKET_CAP_MB, bucket_cap_mb, wrap_ddp
 from gpt2.train.step import StepContext, find_micro_batch
+from tests.tiers import scenario
 
 # Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
 pytestmark = pytest.mark.usefixtures("warm_spawn")
@@ -139,6 +140,7 @@ def _parallel_worker(rank: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
+@scenario
 def test_ddp_and_zero1_are_built_with_bucket_views_and_sized_buckets(tmp_path):
     mp.spawn(_parallel_worker, args=(str(tmp_path),), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

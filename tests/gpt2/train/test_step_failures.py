@@ -20,6 +20,9 @@ from gpt2.model import GPT
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn
+from tests.tiers import SCENARIO
+
+pytestmark = SCENARIO
 
 RUN_TIMEOUT_S = 240  # the subprocess's bound; the collective timeout is far beyond it
 SETTINGS = {"runtime.collective_timeout_s": 50 * RUN_TIMEOUT_S}

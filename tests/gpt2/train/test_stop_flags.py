@@ -17,6 +17,7 @@ from gpt2.model import GPT
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import StepContext, train_step, train_step_with_flags
 from tests.gpt2.train.fixtures import tiny_config
+from tests.tiers import scenario
 
 # Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.
 pytestmark = pytest.mark.usefixtures("warm_spawn")
@@ -52,6 +53,7 @@ def _worker(rank: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
+@scenario
 def test_a_flag_on_one_rank_is_agreed_by_all_after_the_same_step(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path),), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

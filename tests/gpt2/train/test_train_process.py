@@ -25,12 +25,13 @@ from gpt2.checkpoint.lease import Lease
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import weights
+from tests.tiers import SCENARIO
 
 REPO = Path(__file__).resolve().parents[3]
 
 # One pytest worker runs this module's tests (--dist loadgroup): the reference
 # run they compare against is trained once, not once per worker.
-pytestmark = pytest.mark.xdist_group("train_process")
+pytestmark = [*SCENARIO, pytest.mark.xdist_group("train_process")]
 
 
 def _env() -> dict:

@@ -16,6 +16,9 @@ from gpt2.tracking import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
 from tests.gpt2.train.test_train_process import run_to_end
+from tests.tiers import SCENARIO
+
+pytestmark = SCENARIO
 
 
 def _optimizer_state(checkpoint: str) -> dict:

@@ -1,0 +1,14 @@
+"""The tier a test runs in (pyproject's markers): a multi-process scenario
+(several ranks, nodes or workers, a kill at an arbitrary point) runs in the
+end-to-end tier, from the warm interpreter as the quick tier's processes do
+(tests/conftest.py::warm_module), so the README's quick command stays quick."""
+
+import pytest
+
+# A whole module: `pytestmark = SCENARIO` (or added to the module's list).
+SCENARIO = [pytest.mark.e2e, pytest.mark.warm]
+
+
+def scenario(test):
+    """One test of a quick-tier module that is a multi-process scenario."""
+    return pytest.mark.e2e(pytest.mark.warm(test))
