@@ -43,13 +43,9 @@ STARTUP_TIMEOUT_S = 3600.0
 (gigabytes from a bucket at 1558m) while the other ranks wait for it."""
 
 _control: dist.ProcessGroup | None = None
-# The groups of the last `distributed()` block, kept after it is left. A DDP
-# model that outlives the block (a local of the function that trained) holds
-# its group from C++: freed last there, the group's destructor joins gloo's
-# worker threads with the GIL held, and a worker thread still releasing a
-# finished collective waits for the GIL: the process hangs at exit (seen in a
-# 2-rank gloo run). Held here, the group is freed by Python, which lets go of
-# the GIL first, and only when the next block ends or the interpreter does.
+# The last block's groups, kept: a DDP model that outlives the block frees its
+# group from C++ with the GIL held, and gloo's thread, still releasing a finished
+# collective, waits for the GIL (a rank hung at exit). Python frees them unlocked.
 _retired: list[dist.ProcessGroup] = []
 
 

@@ -181,7 +181,11 @@ def _start_mlflow(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -
         "mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mport),
                    "--workers", "1", "--backend-store-uri", store, "--serve-artifacts",
                    "--artifacts-destination", artifacts],
-        env, state_dir, state_dir / "logs"))
+        # MLflow's job execution (its GenAI jobs and trace rollups) serves
+        # nothing the pipeline uses; on by default it starts a job runner and
+        # seven huey consumers beside the server, each a Python that imports
+        # MLflow and polls: CPU the stack's own machine would pay for nothing.
+        {**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, state_dir, state_dir / "logs"))
 
 
 def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:

@@ -94,6 +94,9 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
 
     started = [psutil.Process(pid) for pid in pids.values()]
     started += [child for proc in started for child in proc.children(recursive=True)]  # uvicorn, job runners
+    # MLflow serves runs only: no job runner and huey consumers (MLflow's GenAI jobs) beside it.
+    mlflow_tree = [" ".join(p.cmdline()) for p in psutil.Process(pids["mlflow"]).children(recursive=True)]
+    assert not [c for c in mlflow_tree if "huey" in c or "job_runner" in c], mlflow_tree
     down = last_json(gpt2(env, cwd, "stack", "down", "--json"))
     assert sorted(down["stopped"]) == sorted(pids) and down["profile"] == "mine"
     assert not [p for p in started if _running(p)]
