@@ -81,7 +81,7 @@ def _executable_of(warm):
 
 
 @pytest.fixture(scope="session")
-def warm_interpreter(tmp_path_factory):
+def warm_interpreter(request, tmp_path_factory):
     """This pytest worker's warm servers (tests/warm_python), started on first
     use and stopped with the session; None with GPT2_TESTS_FRESH_PYTHON=1
     (every process then starts cold, as users' do)."""
@@ -90,7 +90,8 @@ def warm_interpreter(tmp_path_factory):
         return
     from tests.warm_python import WarmPython
 
-    warm = WarmPython(tmp_path_factory.mktemp("warm-python"))
+    # The end-to-end tier's warm modules are the runs of several ranks; the quick tier keeps few.
+    warm = WarmPython(tmp_path_factory.mktemp("warm-python"), servers=2 if _e2e_session(request.config) else 1)
     try:
         yield warm
     finally:

@@ -81,6 +81,17 @@ def test_sys_executable_is_the_proxy_only_while_the_session_runs(warm_python):
     assert sys.executable == warm_python.executable and os.path.exists(warm_python.real)
 
 
+
+def test_two_ranks_of_a_run_never_share_a_hash_seed(interpreters):
+    """Fresh interpreters each draw their own seed; so do the ranks of a run
+    here, on two servers or, with one, a second rank started fresh."""
+    if os.environ.get("PYTHONHASHSEED"):
+        pytest.skip("PYTHONHASHSEED is fixed in this environment")
+    code = "print(hash('gpt2-pipeline'))"
+    seeds = [subprocess.run([interpreters["warm"], "-c", code], env={**_env(), "RANK": str(rank)},
+                            capture_output=True, text=True, timeout=60, check=True).stdout for rank in (0, 1)]
+    assert seeds[0] != seeds[1]
+
 @scenario
 def test_a_multi_process_scenario_of_the_end_to_end_tier_starts_its_processes_warm(warm_interpreter):
     """Moved out of the quick tier, a scenario keeps its warm interpreter

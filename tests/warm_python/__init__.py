@@ -2,9 +2,9 @@
 
 A tiny trainer run costs ~15 s of CPU as a fresh `python -m gpt2.train`, of
 which ~9 s are imports (torch, torch._dynamo through the optimizer, MLflow,
-matplotlib), and the quick tier starts ~150 such processes (trainers, torchrun
-agents and ranks, pairs of gloo ranks). Here each pytest worker starts two
-servers (server.py) that import all that once, and points `sys.executable`
+matplotlib), and the tests start hundreds of such processes (trainers, torchrun
+agents and ranks, pairs of gloo ranks). Here each pytest worker starts one or
+two servers (server.py) that import all that once, and points `sys.executable`
 at a proxy (proxy.py) that has a server fork the process instead: still a
 process of its own (its own pid, gloo, signals, exit code, stdio), running
 the real module as `__main__`, without the imports.
@@ -32,14 +32,17 @@ REPO = HERE.parents[1]
 # Modules the proxy hands to a server: the trainer, torchrun, a node of a
 # multi-node run, and the CLI.
 MODULES = ["gpt2.train", "torch.distributed.run", "gpt2.launch.node", "cli.main"]
-SERVERS = 2
 
 
 class WarmPython:
-    def __init__(self, directory: Path, real: str = sys.executable):
+    """`servers` warm servers (~12 s of CPU each to start): two where runs of
+    several ranks are many (their ranks alternate, each keeping a hash seed of
+    its own), one elsewhere (a rank past the first then starts fresh)."""
+
+    def __init__(self, directory: Path, real: str = sys.executable, servers: int = 2):
         self.directory, self.real = directory, real
         directory.mkdir(parents=True, exist_ok=True)
-        self.sockets = [str(directory / f"server-{i}.sock") for i in range(SERVERS)]
+        self.sockets = [str(directory / f"server-{i}.sock") for i in range(servers)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.servers = []
         for i, path in enumerate(self.sockets):

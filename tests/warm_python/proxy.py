@@ -96,9 +96,13 @@ def main() -> None:
         if key.startswith(IMPORT_TIME) and key not in HANDLED and env.get(key) != SETTINGS["env"].get(key):
             fresh(f"environment: {key}")
     # Ranks alternate between the servers, so two ranks of a run never share
-    # a hash seed (a fresh interpreter each draws its own).
+    # a hash seed (a fresh interpreter each draws its own); with one server
+    # (the quick tier, which keeps few runs of several ranks) a second rank
+    # starts fresh instead.
     rank = env.get("LOCAL_RANK") or env.get("RANK")
     sockets = SETTINGS["sockets"]
+    if len(sockets) == 1 and rank and rank.isdigit() and int(rank) > 0:
+        fresh(f"rank {rank} beside a single warm server")
     path = sockets[(int(rank) if rank and rank.isdigit() else os.getpid()) % len(sockets)]
     # A server still importing is waited for (seconds): a fresh start costs more.
     deadline = time.monotonic() + 120
