@@ -199,8 +199,17 @@ def prefect_server():
         seed_prefect_db(Path(path) / "prefect-test.db")
         return path
 
-    with mock.patch("prefect.testing.utilities.mkdtemp", seeded_dir), \
-            prefect_test_harness(server_startup_timeout=120):
+    # Its server registers no block types at start: the tests save only
+    # gpt2's own block, which registers its type as it is saved. Registering
+    # at start first imports every installed Prefect collection (prefect-gcp's
+    # Vertex AI and BigQuery clients, in dev for the job-template tests: ~7 s
+    # of CPU a server). Set only while the server starts: it reads them there.
+    quiet_start = mock.patch.dict(os.environ, {"PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
+                                               "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"})
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch("prefect.testing.utilities.mkdtemp", seeded_dir))
+        with quiet_start:
+            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         yield PREFECT_API_URL.value()
 
 
