@@ -11,9 +11,10 @@ import typer
 
 from gpt2.config import Config
 from gpt2.overrides import ConfigError, resolve_config
+from gpt2.presets import PRESETS
 from gpt2.secrets import redact
 
-PresetOpt = typer.Option("smoke", "--preset", "-p", help="Named preset: smoke or gpt2-124m.")
+PresetOpt = typer.Option("smoke", "--preset", "-p", help=f"Named preset: {', '.join(PRESETS)}.")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set train.max_steps=100 (repeatable).")
 RootOpt = typer.Option(None, "--root", help="Artifact root URL (file://…, gs://…, s3://…); default runtime.root.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout.")

@@ -97,7 +97,7 @@ def describe_bill(bill: dict[str, Any] | None) -> str:
     """One line of the bill (gpt2.bill; the README says what each figure means)."""
     if not bill:
         return "bill: (not recorded)"
-    cost = f"{bill['cost']:,.2f}" if bill.get("cost") is not None else "no runtime.price_per_hour"
+    cost = f"{bill['cost']:,.2f}" if bill.get("cost") is not None else "unknown (set runtime.price_per_hour)"
     line = (f"bill: {bill['attempts']} attempt(s), {bill['device_hours']:,.3f} device-hours, "
             f"{bill['steps_redone']} steps redone ({bill['device_hours_redone']:,.3f} device-hours), "
             f"{bill['startup_s']:,.0f} s start-up, cost {cost}")
@@ -162,6 +162,11 @@ def run(
     emit(result, as_json, guide)
 
 
+def _figure(value: float | None) -> str:
+    """A loss or an accuracy as the summary prints it (the --json line keeps full precision)."""
+    return "n/a" if value is None else f"{value:.4f}"
+
+
 def where_things_are(config, result: dict[str, Any]) -> str:
     from gpt2.secrets import redact
     from gpt2.tracking import default_tracking_uri
@@ -173,8 +178,10 @@ def where_things_are(config, result: dict[str, Any]) -> str:
     ui = f"mlflow ui --backend-store-uri {uri}  # then open {link}" if uri.startswith("sqlite:") else link
     lines = [
         f"pipeline finished (cached stages: {cached})",
-        f"  final val loss:   {result['final_val_loss']}",
-        f"  HellaSwag:        acc {hs.get('acc')}  acc_norm {hs.get('acc_norm')}  (n={hs.get('n')})",
+        f"  final val loss:   {_figure(result['final_val_loss'])}",
+        f"  HellaSwag:        acc {_figure(hs.get('acc'))}  acc_norm {_figure(hs.get('acc_norm'))}  (n={hs.get('n')})"
+        + ("  (the built-in format sample: a check of the scorer, not the benchmark)"
+           if config.eval.hellaswag_source.startswith("builtin:") else ""),
         f"  checkpoint:       {result['checkpoint']}",
         f"  Hugging Face dir: {result['hf_dir']}",
         "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",

@@ -122,3 +122,30 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
     # Both attempts are on the bill: the preempted one and the one that finished.
     assert result["bill"]["attempts"] == 2 and result["bill"]["ends"] == {"preempted": 1, "done": 1}
     assert result["bill"]["steps_redone"] == 0  # the SIGTERM's checkpoint kept every step
+
+
+@pytest.mark.parametrize("command", [["prepare"], ["train"], ["run"], ["plan"], ["config", "show"]])
+def test_the_preset_option_names_every_preset(command):
+    from gpt2.presets import PRESETS
+
+    out = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300"})
+    assert out.exit_code == 0, out.output
+    assert f"Named preset: {', '.join(PRESETS)}." in " ".join(out.output.replace("│", " ").split()), out.output
+
+
+@pytest.mark.parametrize("preset", ["smoke", "gpt2-124m"])
+def test_the_run_summary_rounds_its_figures_and_says_what_it_lacks(tmp_path, preset):
+    from cli.stages import where_things_are
+    from gpt2.overrides import resolve_config
+
+    config = resolve_config(preset, {"runtime.work_dir": str(tmp_path / "work")}, root=str(tmp_path / "root"))
+    bill = {"attempts": 1, "device_hours": 0.0123456, "steps_redone": 0, "device_hours_redone": 0.0,
+            "startup_s": 3.2, "cost": None}
+    result = {"cached_stages": [], "mlflow_url": None, "final_val_loss": 6.123456789, "checkpoint": "c",
+              "hellaswag": {"acc": 0.25, "acc_norm": 1 / 3, "n": 12}, "hf_dir": "h", "llmc_bin": "l",
+              "mlflow_run_id": "r", "registered_model": "m", "model_version": 1, "bill": bill}
+    text = where_things_are(config, result)
+    assert "final val loss:   6.1235\n" in text and "acc 0.2500  acc_norm 0.3333  (n=12)" in text
+    assert "cost unknown (set runtime.price_per_hour)" in text
+    # The smoke preset scores the built-in format sample: said so, so no one reads it as GPT-2's benchmark.
+    assert ("not the benchmark" in text) is (preset == "smoke")
