@@ -45,7 +45,19 @@ class RefusedResult(ValueError):
     """A result record in the root that this pipeline did not write as data."""
 
 
+_ERROR_TAG = "error"
+
+
+class StageFailed(Exception):
+    """A stage's failure as its result record keeps it: the error's type and
+    message, read back as data (never the class the record names)."""
+
+
 def _encode(obj: Any) -> Any:
+    if isinstance(obj, BaseException):
+        # Prefect persists a failed task's exception as its result: kept as
+        # data, so every failure does not log that it could not be serialized.
+        return {_TYPE_TAG: _ERROR_TAG, "data": {"type": type(obj).__qualname__, "message": str(obj)}}
     name = type(obj).__name__
     if RESULT_TYPES.get(name) is type(obj):
         return {_TYPE_TAG: name, "data": TypeAdapter(type(obj)).dump_python(obj, mode="json")}
@@ -55,6 +67,9 @@ def _encode(obj: Any) -> Any:
 def _decode(obj: dict) -> Any:
     if _TYPE_TAG not in obj:
         return obj
+    if obj[_TYPE_TAG] == _ERROR_TAG:
+        data = obj["data"]
+        return StageFailed(f"{data['type']}: {data['message']}")
     cls = RESULT_TYPES.get(obj[_TYPE_TAG])
     if cls is None:
         raise RefusedResult(f"result names unknown type {obj[_TYPE_TAG]!r}")

@@ -91,3 +91,31 @@ def test_a_planted_record_in_the_root_runs_nothing(prefect_server, tmp_path, kin
     assert "download" not in again["cached_steps"]  # refused, so recomputed
     assert json.loads((results / download_key).read_bytes())["metadata"]["serializer"]["type"] == "gpt2-json"
     assert data_flow(**args)["cached"] is True
+
+
+def test_a_stage_failure_is_kept_as_data_and_read_back_as_its_message(prefect_server, tmp_path, caplog):
+    """Prefect persists a failed task's exception as its result: with this
+    serializer as a record of the error's type and message, not a warning that
+    it could not be serialized (on every trainer failure, before)."""
+    import asyncio
+    import logging
+    import uuid
+
+    from prefect.results import ResultStore
+    from prefect.states import exception_to_failed_state
+
+    from gpt2.train.session import TrainingError
+    from tasks.results import StageFailed
+
+    block = RootResultStorage(basepath=str(tmp_path))
+    block.save(f"gpt2-results-failure-{uuid.uuid4().hex[:8]}")  # saved, as tasks.common.result_storage does
+    store = ResultStore(result_storage=block, serializer=RootJSONSerializer())
+    with caplog.at_level(logging.WARNING):
+        state = asyncio.run(exception_to_failed_state(TrainingError("loss is NaN at step 3"), result_store=store,
+                                                      write_result=True))
+    assert state.is_failed() and "serialize" not in caplog.text and "Failed to write" not in caplog.text
+    [written] = list(tmp_path.iterdir())
+    check_record(written.read_bytes(), written.name)  # a record of this pipeline: JSON naming gpt2-json
+    again = ResultStore(result_storage=block, serializer=RootJSONSerializer())  # another process's reader
+    error = again.read(written.name).result
+    assert isinstance(error, StageFailed) and str(error) == "TrainingError: loss is NaN at step 3"
