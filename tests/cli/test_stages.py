@@ -92,7 +92,10 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
     from gpt2 import layout
     from gpt2.checkpoint import store
 
-    overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.max_steps": 400,
+    # The SIGTERM goes as soon as the lease is taken, before the first step:
+    # 40 steps leave it far inside training, and the rerun trains the rest.
+    steps = 40
+    overrides = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.max_steps": steps,
                  "train.checkpoint_every": 10_000, "train.eval_every": 10_000, "train.sample_every": 10_000,
                  "eval.every_steps": 0}  # no in-loop HellaSwag: the steps are what the signal must land in
     config = tiny_config(tmp_path / "root", **overrides)
@@ -113,12 +116,12 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
     assert proc.returncode in (143, -signal.SIGTERM), out + err
     assert "stopped by SIGTERM after step" in err and "Finished in state Crashed" in err
     stopped_at = int(store.latest_checkpoint(config).rsplit("_", 1)[1])
-    assert stopped_at < 400
+    assert stopped_at < steps
 
     again = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads(again.stdout.strip().splitlines()[-1])
-    assert result["resumed_from_step"] == stopped_at and result["steps"] == 400
+    assert result["resumed_from_step"] == stopped_at and result["steps"] == steps
     # Both attempts are on the bill: the preempted one and the one that finished.
     assert result["bill"]["attempts"] == 2 and result["bill"]["ends"] == {"preempted": 1, "done": 1}
     assert result["bill"]["steps_redone"] == 0  # the SIGTERM's checkpoint kept every step

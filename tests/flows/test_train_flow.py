@@ -68,6 +68,7 @@ def test_several_processes_run_under_torchrun(stage):
     assert "torch.distributed.run" in messages and "step 4/4" in messages and "[rank 0]" in messages
 
 
+@scenario
 def test_fresh_never_deletes_what_a_live_trainer_holds(stage):
     from gpt2 import layout
     from gpt2.checkpoint.lease import Lease, LeaseHeld

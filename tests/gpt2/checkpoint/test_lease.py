@@ -17,6 +17,7 @@ from gpt2.checkpoint.lease import Lease, LeaseHeld, LeaseLost
 from gpt2.tracking import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import finish, launch, wait_for
+from tests.tiers import scenario
 from tests.warm_python import running_pid
 
 
@@ -93,6 +94,7 @@ def _steps_logged(config) -> list[int]:
     return [m.step for m in client.get_metric_history(run_id, "train/loss")]
 
 
+@scenario
 def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
     config = tiny_config(tmp_path, **{"train.max_steps": 12, "train.checkpoint_every": 4})
     write_dataset(config)
@@ -113,6 +115,7 @@ def test_two_trainers_on_one_run_one_trains_the_other_refuses(tmp_path):
     assert sorted(steps) == list(range(1, 13))  # every step once: nobody logged twice
 
 
+@scenario
 def test_a_paused_trainer_whose_run_was_taken_over_stops_by_itself(tmp_path):
     # 16 steps: the taker resumes from step 4 and must be seen training (step 10)
     # before the paused trainer comes back; more steps only lengthen the taker's run.
