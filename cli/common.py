@@ -51,8 +51,29 @@ def setup_logging(verbose: bool = False) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+_at_exit: list[str] | None = None  # the `error:` lines kept for the end (defer_errors_to_exit)
+
+
+def defer_errors_to_exit() -> None:
+    """For the command's own process (cli.main): the `error:` line is printed
+    as the process ends, after Prefect has logged its temporary server's
+    shutdown (its exit handler is registered later, so it runs first), so it
+    is the last line on stderr, where a user and a script look for it."""
+    global _at_exit
+    import atexit
+
+    _at_exit = []
+    atexit.register(lambda: [typer.secho(line, err=True, fg=typer.colors.RED) for line in _at_exit or ()])
+
+
 def fail(message: str, code: int = 1) -> None:
-    typer.secho(f"error: {redact(message)}", err=True, fg=typer.colors.RED)
+    line = f"error: {redact(message)}"
+    # After SIGTERM Prefect may end the process by the signal itself, which
+    # runs no exit handler: that line goes out at once.
+    if _at_exit is not None and code != 143:
+        _at_exit.append(line)
+    else:
+        typer.secho(line, err=True, fg=typer.colors.RED)
     raise typer.Exit(code)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import typer
 
 from cli import config, plan, report, stages
+from cli.common import defer_errors_to_exit
 from cli.stack import commands as stack_commands
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.command("report")(report.report)
 
 
 def main() -> None:
+    defer_errors_to_exit()
     app()
 
 

@@ -152,3 +152,21 @@ def test_the_run_summary_rounds_its_figures_and_says_what_it_lacks(tmp_path, pre
     assert "cost unknown (set runtime.price_per_hour)" in text
     # The smoke preset scores the built-in format sample: said so, so no one reads it as GPT-2's benchmark.
     assert ("not the benchmark" in text) is (preset == "smoke")
+
+
+@pytest.mark.e2e  # the command's own process and Prefect's temporary server, as a user starts it
+def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdown(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    missing = tmp_path / "nope-*.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its temporary server
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "prepare", "--root", str(tmp_path / "root"),
+                           "--set", f"data.source={missing}", "--set", f"runtime.work_dir={tmp_path / 'work'}"],
+                          cwd=repo, env={**env, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=600)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and "Starting temporary server" in proc.stderr, proc.stderr[-3000:]
+    assert lines[-1].startswith("error: ") and str(missing) in lines[-1], proc.stderr[-3000:]
