@@ -63,7 +63,12 @@ def defer_errors_to_exit() -> None:
     import atexit
 
     _at_exit = []
-    atexit.register(lambda: [typer.secho(line, err=True, fg=typer.colors.RED) for line in _at_exit or ()])
+    atexit.register(_print_errors, _at_exit)
+
+
+def _print_errors(lines: list[str]) -> None:
+    for line in lines:
+        typer.secho(line, err=True, fg=typer.colors.RED)
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -73,7 +78,7 @@ def fail(message: str, code: int = 1) -> None:
     if _at_exit is not None and code != 143:
         _at_exit.append(line)
     else:
-        typer.secho(line, err=True, fg=typer.colors.RED)
+        _print_errors([line])
     raise typer.Exit(code)
 
 

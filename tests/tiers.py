@@ -11,4 +11,6 @@ SCENARIO = [pytest.mark.e2e, pytest.mark.warm]
 
 def scenario(test):
     """One test of a quick-tier module that is a multi-process scenario."""
-    return pytest.mark.e2e(pytest.mark.warm(test))
+    for mark in SCENARIO:
+        test = mark(test)
+    return test
