@@ -82,7 +82,7 @@ def kill_window(distributed: bool, pool: str = "auto", grace_s: float | None = N
     return min(ours, limit, key=lambda window: window[0]) if limit is not None else ours
 
 
-def _lengthen(what: str) -> str:
+def lengthen(what: str) -> str:
     """How to get a longer window from what sets it."""
     if "Spot VM node" in what:
         return ("raise the node pool's kubelet shutdownGracePeriodSeconds (GKE node system config, up to 120 s) "
@@ -108,10 +108,10 @@ def window_warning(step: int, seconds: float, local_s: float, window: tuple[floa
     if local_s > limit:
         return (head + ": after a SIGTERM not even its local copy would be complete; put runtime.work_dir on a "
                 f"faster local disk (a local SSD), lower train.checkpoint_every to lose fewer steps, or "
-                f"{_lengthen(what)}")
+                f"{lengthen(what)}")
     return (head + ": after a SIGTERM only its local copy would be sure to be complete (uploaded when the run "
             "restarts on this machine; a new machine or pod resumes from the previous checkpoint); lower "
-            f"train.checkpoint_every to lose fewer steps, use a root closer to the GPUs, or {_lengthen(what)}")
+            f"train.checkpoint_every to lose fewer steps, use a root closer to the GPUs, or {lengthen(what)}")
 
 
 ASSUMED_LOCAL_WRITE_BPS = 200e6
@@ -141,4 +141,4 @@ def expected_window_warning(checkpoint_bytes: int, remote_root: bool, window: tu
     return (f"a checkpoint ({checkpoint_bytes / 1e9:.1f} GB) is expected to take ~{seconds:.0f} s to save "
             f"({rates}, assumed), more than the {limit:.0f} s a preempted trainer gets ({what}): a preemption "
             f"then resumes from the last periodic checkpoint, up to train.checkpoint_every={checkpoint_every} "
-            f"steps back; lower train.checkpoint_every to lose fewer steps, or {_lengthen(what)}")
+            f"steps back; lower train.checkpoint_every to lose fewer steps, or {lengthen(what)}")

@@ -117,6 +117,12 @@ class Lease:
                         "(sync them with NTP); %s", self.directory, -age, describe(record, now))
         return age < float(record.get("ttl_s", self.ttl_s))
 
+    def holder(self) -> str | None:
+        """The live holder's description, or None when the lease is free or
+        stale; reads only (`gpt2 preflight` asks without taking it)."""
+        _, record = self.current()
+        return describe(record, time.time()) if self._live(record, time.time()) else None
+
     def try_acquire(self) -> str | None:
         """Take the lease if it is free or stale; else the holder's description."""
         now = time.time()

@@ -160,7 +160,7 @@ def rng_state(device: torch.device) -> dict:
     return state
 
 
-def _micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> tuple[int, MemorySettings]:
+def choose_micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> tuple[int, MemorySettings]:
     """The micro-batch and the memory settings (runtime.shard_optimizer,
     runtime.recompute); `auto` settings are searched with an `auto`
     micro-batch only, and are off beside a fixed one."""
@@ -246,7 +246,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     # The micro-batch probe runs eagerly: compiled, every size it tries would be
     # another compilation. Eager code keeps more activations than fused kernels
     # do, so a size that fits eagerly fits compiled as a rule.
-    micro, mem = _micro_batch(config, raw, seqs_per_rank, ctx)
+    micro, mem = choose_micro_batch(config, raw, seqs_per_rank, ctx)
     # Built after the search, which decides whether it is sharded; a sharded
     # one loads only this rank's part of the (always full) saved state.
     optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)

@@ -1,0 +1,176 @@
+"""The preflight's checks of this machine that run no training step: the
+devices, the local disk, the run's lease and the tracking services."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from gpt2 import layout
+from gpt2.checkpoint.lease import Lease
+from gpt2.config import Config
+from gpt2.distributed import DistEnv, resolve_nproc, visible_gpus
+from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
+
+TESTED_TORCH = ((2, 11), (2, 13))
+"""The torch minor versions CI and the GPU records cover (pyproject: torch>=2.11,<2.14)."""
+MIN_DRIVER_CUDA = 12000
+"""The CUDA driver API version (cudaDriverGetVersion) below which the CUDA builds of the
+tested torch releases do not run (CUDA 12.x)."""
+
+
+def _torch_minor() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def devices(config: Config, env: DistEnv) -> Outcome:
+    """The device the run uses, how many there are against runtime.nproc_per_node,
+    their memory and bf16 support, and the versions against what is tested."""
+    rt, figures = config.runtime, {}
+    versions = [f"torch {torch.__version__}"]
+    problems, notes = [], []
+    minor = _torch_minor()
+    if not TESTED_TORCH[0] <= minor <= TESTED_TORCH[1]:
+        notes.append(f"torch {torch.__version__} is outside the tested {TESTED_TORCH[0][0]}.{TESTED_TORCH[0][1]}"
+                     f"-{TESTED_TORCH[1][0]}.{TESTED_TORCH[1][1]}; install a tested one (pip install -e .)")
+    if env.device.type == "cuda":
+        gpus = visible_gpus(rt.device)
+        nproc = resolve_nproc(rt.nproc_per_node, gpus)
+        props = torch.cuda.get_device_properties(env.device)
+        driver = torch._C._cuda_getDriverVersion()
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
+        versions += [f"CUDA {torch.version.cuda}", f"driver API {driver // 1000}.{driver % 1000 // 10}"]
+        if nccl:
+            versions.append(f"NCCL {nccl}")
+        bf16 = torch.cuda.is_bf16_supported()
+        figures = {"device": props.name, "gpus": gpus, "gpu_memory_bytes": props.total_memory, "bf16": bf16,
+                   "cuda": torch.version.cuda, "nccl": nccl, "driver_api": driver}
+        found = f"{gpus} x {props.name} ({props.total_memory / 2**30:.0f} GiB, bf16 {'yes' if bf16 else 'no'})"
+        if driver < MIN_DRIVER_CUDA:
+            problems.append(f"the NVIDIA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}, below "
+                            f"{MIN_DRIVER_CUDA // 1000}.0: update the driver")
+        if not bf16:
+            notes.append("no bf16 on this GPU: autocast falls back and MFU figures do not apply")
+        if nproc > gpus:
+            problems.append(f"runtime.nproc_per_node={rt.nproc_per_node} but this machine shows {gpus} GPU(s): "
+                            f"set runtime.nproc_per_node={gpus} or auto")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", nproc))
+        if local != nproc:
+            problems.append(f"{local} process(es) on this machine but runtime.nproc_per_node resolves to {nproc}: "
+                            "start the preflight as the run starts (gpt2 preflight launches torchrun itself)")
+    else:
+        found = f"{env.device} ({os.cpu_count()} cores)"
+        figures = {"device": str(env.device), "gpus": 0}
+        if rt.device in ("auto", "cuda") and rt.nproc_per_node not in ("auto", 1):
+            problems.append(f"runtime.nproc_per_node={rt.nproc_per_node} needs GPUs; this machine has none visible")
+    figures["torch"] = torch.__version__
+    detail = f"{found}; {', '.join(versions)}, world size {env.world_size}"
+    if problems:
+        raise Failed(f"{detail}: " + "; ".join(problems), **figures)
+    if notes:
+        raise Warned(f"{detail}: " + "; ".join(notes), **figures)
+    return Outcome(detail, figures)
+
+
+def _free_bytes(path: Path) -> tuple[Path, int]:
+    """The nearest existing ancestor of `path` (where it will be created) and its free bytes."""
+    path = path.expanduser().resolve()
+    while not path.exists():
+        path = path.parent
+    return path, shutil.disk_usage(path).free
+
+
+def disk(config: Config, needs: dict[str, int]) -> Outcome:
+    """Free space where the run writes locally against what it needs there
+    (`needs`: bytes by what they are for: shard cache, checkpoint staging and,
+    for a local root, its checkpoints), summed per filesystem."""
+    targets = {"work dir": config.runtime.work_root}
+    local_root = layout.local_root(config)
+    if local_root is not None:
+        targets["root"] = local_root
+    per_fs: dict[int, list] = {}
+    for what, path in targets.items():
+        where, free = _free_bytes(path)
+        wanted = sum(v for k, v in needs.items() if k.startswith(what))
+        entry = per_fs.setdefault(os.stat(where).st_dev, [where, free, 0, []])
+        entry[2] += wanted
+        entry[3].append(what)
+    lines, short = [], []
+    for where, free, wanted, whats in per_fs.values():
+        lines.append(f"{' and '.join(whats)} on {where}: {free / 1e9:.1f} GB free, {wanted / 1e9:.2f} GB needed")
+        if free < wanted:
+            short.append(f"{where} has {free / 1e9:.1f} GB free but the run needs {wanted / 1e9:.1f} GB there "
+                         f"({', '.join(f'{k} {v / 1e9:.2f} GB' for k, v in needs.items() if v)})")
+    figures = {"disk_needed_bytes": sum(needs.values())}
+    if short:
+        raise Failed("; ".join(short) + ": free space, or point runtime.work_dir at a larger disk", **figures)
+    return Outcome("; ".join(lines), figures)
+
+
+def lease(config: Config) -> Outcome:
+    """No live trainer holds the run's lease. Read only: the preflight never takes it."""
+    run_dir = layout.run_dir(config)
+    holder = Lease(layout.lease_dir(run_dir), config.runtime.lease_ttl_s).holder()
+    if holder is not None:
+        raise Failed(f"a live trainer holds the run's lease ({holder}): this run would wait for it or be refused; "
+                     "stop that trainer, or wait for it to finish")
+    return Outcome(f"no live holder of {layout.lease_dir(run_dir)}")
+
+
+def tracking(config: Config, timeout_s: float = 10.0) -> Outcome:
+    """The MLflow store answers and, inside a flow run, the Prefect API does
+    (a warning at worst: training goes on without them). A SQLite store that
+    does not exist yet is not created (the run creates it): its directory is
+    enough."""
+    if not config.tracking.enabled:
+        raise Skipped("tracking.enabled=false")
+    found, problems = [], []
+    api = os.environ.get("PREFECT_API_URL")
+    if importlib.util.find_spec("mlflow") is None:
+        if not api:
+            raise Skipped("MLflow is not installed here: the run would log no metrics (pip install -e .)")
+        found.append("MLflow: not installed here (metrics are not logged)")
+    else:
+        found_mlflow, problem = _mlflow(config)
+        found += [found_mlflow] if found_mlflow else []
+        problems += [problem] if problem else []
+    if api:
+        try:
+            with urllib.request.urlopen(api.rstrip("/") + "/health", timeout=timeout_s) as r:
+                found.append(f"Prefect API {api} answered ({r.status})")
+        except OSError as err:
+            problems.append(f"the Prefect API at {api} does not answer ({err}); the flow run cannot report")
+    if problems:
+        raise Warned("; ".join(found + problems))
+    return Outcome("; ".join(found))
+
+
+def _mlflow(config: Config) -> tuple[str | None, str | None]:
+    """(what was found, what is wrong) of the run's MLflow store."""
+    from gpt2.secrets import redact
+    from gpt2.tracking import default_tracking_uri
+
+    uri = default_tracking_uri(config)
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.exists():
+            parent = next(p for p in db.parents if p.exists())
+            if os.access(parent, os.W_OK):
+                return f"MLflow store {redact(uri)}: created by the run ({parent} is writable)", None
+            return None, f"MLflow store {redact(uri)} cannot be created: {parent} is not writable"
+    started = time.perf_counter()
+    try:
+        import mlflow
+
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    except Exception as err:  # noqa: BLE001 - any failure is "does not answer"
+        return None, (f"MLflow at {redact(uri)} does not answer ({type(err).__name__}: {err}); "
+                      "check tracking.uri / $MLFLOW_TRACKING_URI")
+    return f"MLflow {redact(uri)} answered in {time.perf_counter() - started:.1f}s", None

@@ -1,0 +1,221 @@
+"""The preflight's training steps: the run's model, micro-batch, optimizer,
+compile setting and DDP/ZeRO-1 as the trainer builds them (gpt2.train.session),
+stepped on random tokens of the run's shape. They give three checks: memory
+(the steps fit; the peak), compile (the first step's extra seconds) and
+throughput (tokens/s, MFU, the whole run's projected time and cost)."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gpt2.config import Config
+from gpt2.distributed import DistEnv, amp_dtype
+from gpt2.model import GPT
+from gpt2.plan import ASSUMED_MFU, EVAL_FLOPS_FRACTION, PlanError, count_every, make_plan, model_size
+from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
+from gpt2.train import memory
+from gpt2.train.optim import make_optimizer
+from gpt2.train.parallel import wrap_ddp
+from gpt2.train.session import check_batch_shape, choose_micro_batch, compiled, resolve_compile
+from gpt2.train.step import Batch, StepContext, find_micro_batch, micro_batch_candidates, train_step
+from gpt2.train.throughput import mfu, peak_flops, synchronize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRun:
+    """What the steps measured, or why they stopped (`error`)."""
+
+    micro_batch: int = 0
+    accumulation: int = 0
+    shard_optimizer: bool = False
+    recompute: bool = False
+    compiled: bool = False
+    first_step_s: float | None = None
+    step_s: list[float] = field(default_factory=list)
+    peak_bytes: int | None = None
+    error: str | None = None
+    fits: int | None = None
+    """After an out-of-memory step: the micro-batch the probe finds fits (None: not searched)."""
+
+
+def _batches(micro: int, accumulation: int, seq_len: int, vocab: int, device: torch.device) -> list[Batch]:
+    """Random tokens of the run's shape (a private generator: the global RNG is untouched)."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(accumulation):
+        x = torch.randint(0, vocab, (micro, seq_len + 1), generator=gen)
+        if device.type == "cuda":
+            x = x.pin_memory()
+        out.append((x[:, :-1], x[:, 1:]))
+    return out
+
+
+def _peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the process's peak RSS (Linux: KiB)
+
+
+def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
+    """The run's step, built as the trainer builds it, run `steps` + 1 times
+    (the first one warms up and compiles); an out-of-memory step ends it with
+    `error` set and, for a micro-batch given by hand, the one that fits."""
+    rt, out = config.runtime, StepRun()
+    seqs = check_batch_shape(config, env.world_size)
+    memory.set_cuda_limit(env.device, rt.memory_limit_mb)
+    torch.manual_seed(config.train.seed)
+    raw = GPT(config.model).to(env.device)
+    ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, rt.memory_limit_mb)
+    try:
+        micro, mem = choose_micro_batch(config, raw, seqs, ctx)
+    except torch.OutOfMemoryError as err:
+        out.error = str(err)
+        return out
+    out.micro_batch, out.accumulation = micro, seqs // micro
+    out.shard_optimizer, out.recompute = mem.shard_optimizer, mem.recompute
+    out.compiled = resolve_compile(rt.compile, env.device)
+    optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
+    model = compiled(raw, config, env.device)
+    if env.is_distributed:
+        model = wrap_ddp(model, raw, env)
+    batches = _batches(micro, out.accumulation, config.model.block_size, config.model.vocab_size, env.device)
+    if env.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(env.device)
+    try:
+        for i in range(steps + 1):
+            started = time.perf_counter()
+            train_step(model, raw, optimizer, batches, ctx)  # returns the loss: the host has waited for the step
+            synchronize(env.device)
+            seconds = time.perf_counter() - started
+            if i == 0:
+                out.first_step_s = seconds
+            else:
+                out.step_s.append(seconds)
+    except torch.OutOfMemoryError as err:
+        out.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    finally:
+        out.peak_bytes = _peak_bytes(env.device)
+        del model, optimizer, batches
+        memory.release(env.device)
+    if out.error and config.train.micro_batch_size != "auto":
+        out.fits = _what_fits(config, raw, seqs, ctx)
+    return out
+
+
+def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> int | None:
+    """The micro-batch the trainer's probe finds fits (None: not even 1)."""
+    rt = config.runtime
+    probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
+    try:
+        return int(find_micro_batch(raw, lambda shard=False: make_optimizer(raw, config.train, ctx.env.device_type, shard),
+                                    seqs, config.model.block_size, config.model.vocab_size, probe_ctx,
+                                    rt.shard_optimizer, rt.recompute))
+    except torch.OutOfMemoryError:
+        return None
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def memory_check(config: Config, env: DistEnv, run: StepRun) -> Outcome:
+    given = config.train.micro_batch_size
+    how = (f"micro-batch {run.micro_batch} ({'auto' if given == 'auto' else 'given'}) x {config.model.block_size} "
+           f"tokens, {run.accumulation} accumulation step(s), shard_optimizer={str(run.shard_optimizer).lower()}, "
+           f"recompute={str(run.recompute).lower()}, {'compiled' if run.compiled else 'eager'}"
+           + (f", DDP over {env.world_size} ranks" if env.is_distributed else ""))
+    figures = {"micro_batch": run.micro_batch or None, "accumulation": run.accumulation or None,
+               "peak_memory_bytes": run.peak_bytes, "shard_optimizer": run.shard_optimizer,
+               "recompute": run.recompute}
+    peak = f"peak {'allocated' if env.device.type == 'cuda' else 'process RSS'} {_gib(run.peak_bytes)}"
+    if run.error and not run.micro_batch:
+        raise Failed(f"no micro-batch fits on {env.device}: {run.error}", **figures)
+    if run.error:
+        if given == "auto":
+            smaller = [b for b in micro_batch_candidates(run.micro_batch * run.accumulation) if b < run.micro_batch]
+            hint = (f"set train.micro_batch_size={smaller[0]}" if smaller else
+                    "use a smaller model.block_size or model, or a device with more memory")
+            raise Failed(f"{how}: the probe's choice ran out of memory in the real step ({run.error}); {hint}",
+                         **figures)
+        fits = (f"train.micro_batch_size={run.fits} fits: set it, or auto" if run.fits else
+                "not even a micro-batch of 1 fits: use a smaller model.block_size or model, or more memory")
+        raise Failed(f"{how}: out of memory ({run.error}); {fits}", **figures, micro_batch_fits=run.fits)
+    return Outcome(f"{how}: {len(run.step_s) + 1} full steps ran, {peak}", figures)
+
+
+def compile_check(run: StepRun) -> Outcome:
+    if not run.compiled:
+        raise Skipped("runtime.compile is off for this device (auto compiles on CUDA only)")
+    steady = statistics.median(run.step_s) if run.step_s else 0.0
+    seconds = max(0.0, (run.first_step_s or 0.0) - steady)
+    return Outcome(f"the compiled step ran; compilation took ~{seconds:.1f} s (first step {run.first_step_s:.1f} s)",
+                   {"compile_s": seconds, "first_step_s": run.first_step_s})
+
+
+def throughput_check(config: Config, env: DistEnv, run: StepRun, steps_note: str | None) -> Outcome:
+    """Tokens/s and MFU of the timed steps, the run's projected time and cost,
+    beside what `gpt2 plan` expects for this device: under half warns."""
+    if not run.step_s:
+        raise Skipped("no step was timed")
+    t = config.train
+    step_s = statistics.median(run.step_s)
+    tok_s = t.total_batch_tokens / step_s
+    _, flops_per_token = model_size(config)
+    util = mfu(flops_per_token, tok_s / env.world_size, peak_flops(env.device))
+    steps = int(t.max_steps)
+    # What gpt2.plan counts: the training steps, and each validation pass at a third of a step per batch.
+    hours = step_s * (steps + EVAL_FLOPS_FRACTION * count_every(steps, t.eval_every) * t.val_steps) / 3600
+    price = config.runtime.price_per_hour
+    cost = hours * env.world_size * price if price is not None else None
+    figures = {"tokens_per_second": tok_s, "step_s": step_s, "mfu": util, "projected_hours": hours,
+               "projected_device_hours": hours * env.world_size, "projected_cost": cost, "steps": steps}
+    detail = (f"{tok_s:,.0f} tokens/s ({step_s:.3f} s a step of {t.total_batch_tokens:,} tokens"
+              + (f", MFU {util:.1%}" if util is not None else "") + f"); {steps:,} steps"
+              + (f" ({steps_note})" if steps_note else "") + f" project to {hours:.2f} h"
+              + (f", cost {cost:,.2f}" if cost is not None else ", cost unknown (set runtime.price_per_hour)"))
+    plan_tok_s = _plan_tokens_per_second(config, env)
+    if plan_tok_s is None:
+        return Outcome(detail + "; gpt2 plan has no estimate for this device", figures)
+    figures["plan_tokens_per_second"] = plan_tok_s
+    detail += f"; gpt2 plan expects {plan_tok_s:,.0f} tokens/s (at {ASSUMED_MFU:.0%} MFU)"
+    if tok_s < plan_tok_s / 2:
+        raise Warned(detail + ": under half of the plan. Check that nothing else uses the GPU (nvidia-smi), "
+                     "runtime.compile, and the micro-batch (train.micro_batch_size=auto)", **figures)
+    return Outcome(detail, figures)
+
+
+def _plan_tokens_per_second(config: Config, env: DistEnv) -> float | None:
+    if env.device.type != "cuda":
+        return None
+    try:
+        plan = make_plan(config, torch.cuda.get_device_name(env.device), gpus=env.world_size)
+    except PlanError:  # a GPU the plan's table does not know
+        return None
+    return plan["tokens_per_second"]
+
+
+def step_checks(report, config: Config, env: DistEnv, steps: int, steps_note: str | None) -> StepRun | None:
+    """memory, compile and throughput, in that order, from one run of steps."""
+    holder: dict[str, StepRun] = {}
+
+    def memory_body() -> Outcome:
+        holder["run"] = run_steps(config, env, steps)
+        return memory_check(config, env, holder["run"])
+
+    mem = report.check("memory", memory_body)
+    run = holder.get("run")
+    if mem.status == "fail" or run is None:
+        report.skip("compile", "needs a step that fits in memory (see memory)")
+        report.skip("throughput", "needs a step that fits in memory (see memory)")
+        return run
+    report.check("compile", lambda: compile_check(run))
+    report.check("throughput", lambda: throughput_check(config, env, run, steps_note))
+    return run
