@@ -3,6 +3,7 @@ devices, the local disk, the run's lease and the tracking services."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -30,6 +31,21 @@ def _torch_minor() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _driver_version() -> int | None:
+    """The CUDA version the installed driver supports (cuDriverGetVersion, e.g.
+    13000), which torch does not expose; None where libcuda cannot be asked."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int()
+    return version.value if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 else None
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
 def devices(config: Config, env: DistEnv) -> Outcome:
     """The device the run uses, how many there are against runtime.nproc_per_node,
     their memory and bf16 support, and the versions against what is tested."""
@@ -44,18 +60,18 @@ def devices(config: Config, env: DistEnv) -> Outcome:
         gpus = visible_gpus(rt.device)
         nproc = resolve_nproc(rt.nproc_per_node, gpus)
         props = torch.cuda.get_device_properties(env.device)
-        driver = torch._C._cuda_getDriverVersion()
+        driver = _driver_version()
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
-        versions += [f"CUDA {torch.version.cuda}", f"driver API {driver // 1000}.{driver % 1000 // 10}"]
+        versions += [f"CUDA {torch.version.cuda}", "driver API " + (_cuda_version(driver) if driver else "unknown")]
         if nccl:
             versions.append(f"NCCL {nccl}")
         bf16 = torch.cuda.is_bf16_supported()
         figures = {"device": props.name, "gpus": gpus, "gpu_memory_bytes": props.total_memory, "bf16": bf16,
                    "cuda": torch.version.cuda, "nccl": nccl, "driver_api": driver}
         found = f"{gpus} x {props.name} ({props.total_memory / 2**30:.0f} GiB, bf16 {'yes' if bf16 else 'no'})"
-        if driver < MIN_DRIVER_CUDA:
-            problems.append(f"the NVIDIA driver supports CUDA {driver // 1000}.{driver % 1000 // 10}, below "
-                            f"{MIN_DRIVER_CUDA // 1000}.0: update the driver")
+        if driver and driver < MIN_DRIVER_CUDA:
+            problems.append(f"the NVIDIA driver supports CUDA {_cuda_version(driver)}, below "
+                            f"{_cuda_version(MIN_DRIVER_CUDA)}: update the driver")
         if not bf16:
             notes.append("no bf16 on this GPU: autocast falls back and MFU figures do not apply")
         if nproc > gpus:

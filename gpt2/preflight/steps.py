@@ -114,9 +114,12 @@ def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> int | N
     """The micro-batch the trainer's probe finds fits (None: not even 1)."""
     rt = config.runtime
     probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
+
+    def make_opt(shard: bool = False) -> torch.optim.Optimizer:
+        return make_optimizer(raw, config.train, ctx.env.device_type, shard)
+
     try:
-        return int(find_micro_batch(raw, lambda shard=False: make_optimizer(raw, config.train, ctx.env.device_type, shard),
-                                    seqs, config.model.block_size, config.model.vocab_size, probe_ctx,
+        return int(find_micro_batch(raw, make_opt, seqs, config.model.block_size, config.model.vocab_size, probe_ctx,
                                     rt.shard_optimizer, rt.recompute))
     except torch.OutOfMemoryError:
         return None
