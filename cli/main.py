@@ -2,6 +2,7 @@
 
     gpt2 config show --preset smoke --set train.max_steps=20
     gpt2 prepare --preset smoke --json
+    gpt2 preflight --preset gpt2-124m --root gs://bucket/gpt2
     gpt2 report --runs smoke-1a2b3c4d5e6f --out report.png
 
 Logs go to stderr; with --json the last line of stdout is one JSON object.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import config, plan, report, stages
+from cli import config, plan, preflight, report, stages
 from cli.common import defer_errors_to_exit
 from cli.stack import commands as stack_commands
 
@@ -29,6 +30,7 @@ app.command("export")(stages.export)
 app.add_typer(stack_commands.app, name="stack")
 app.command("run")(stages.run)
 app.command("plan")(plan.plan)
+app.command("preflight")(preflight.preflight)
 app.command("report")(report.report)
 
 

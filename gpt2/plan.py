@@ -67,6 +67,14 @@ def gpu(name: str) -> Gpu:
     return Gpu(canonical, peak, GPU_MEMORY_GIB[canonical])
 
 
+def gpu_of_device(device_name: str) -> Gpu | None:
+    """The plan's GPU for a CUDA device name ("NVIDIA H100 80GB HBM3" is an
+    H100): the most specific (longest) known name it contains; None when none."""
+    key = _key(device_name)
+    found = [k for k in GPU_MEMORY_GIB if _key(k) in key]
+    return gpu(max(found, key=lambda k: len(_key(k)))) if found else None
+
+
 def model_size(config: Config) -> tuple[int, int]:
     """(parameters, training FLOPs per token), from the model itself built on
     the meta device (no memory, no init cost)."""

@@ -3,11 +3,11 @@ finishes (stderr, so stdout stays clean for --json), then the JSON object."""
 
 from __future__ import annotations
 
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Literal
+
+from gpt2.errors import UserError
 
 Status = Literal["ok", "warn", "fail", "skipped"]
 ORDER = ("devices", "data", "root", "memory", "compile", "throughput", "collectives", "disk", "lease", "tracking")
@@ -75,6 +75,8 @@ class Report:
             status, detail, figures = "fail", str(f), f.figures
         except Skipped as s:
             status, detail, figures = "skipped", str(s), {}
+        except UserError as err:  # a config the check cannot use: its message names the setting
+            status, detail, figures = "fail", str(err), {}
         except Exception as err:  # noqa: BLE001 - a check that breaks is a failed check, not a crashed preflight
             status, detail, figures = "fail", f"{type(err).__name__}: {err}", {}
         result = Check(name, status, time.perf_counter() - started, detail, figures)
@@ -106,13 +108,3 @@ class Report:
 
 def _position(name: str) -> int:
     return ORDER.index(name) if name in ORDER else len(ORDER)
-
-
-def print_line(check: Check) -> None:
-    print(check.line(), file=sys.stderr, flush=True)
-
-
-@contextmanager
-def timed() -> Iterator[Callable[[], float]]:
-    started = time.perf_counter()
-    yield lambda: time.perf_counter() - started

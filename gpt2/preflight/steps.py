@@ -17,7 +17,7 @@ import torch
 from gpt2.config import Config
 from gpt2.distributed import DistEnv, amp_dtype
 from gpt2.model import GPT
-from gpt2.plan import ASSUMED_MFU, EVAL_FLOPS_FRACTION, PlanError, count_every, make_plan, model_size
+from gpt2.plan import ASSUMED_MFU, EVAL_FLOPS_FRACTION, count_every, gpu_of_device, make_plan, model_size
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
 from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
@@ -198,11 +198,10 @@ def throughput_check(config: Config, env: DistEnv, run: StepRun, steps_note: str
 def _plan_tokens_per_second(config: Config, env: DistEnv) -> float | None:
     if env.device.type != "cuda":
         return None
-    try:
-        plan = make_plan(config, torch.cuda.get_device_name(env.device), gpus=env.world_size)
-    except PlanError:  # a GPU the plan's table does not know
+    known = gpu_of_device(torch.cuda.get_device_name(env.device))
+    if known is None:  # a GPU the plan's table does not know
         return None
-    return plan["tokens_per_second"]
+    return make_plan(config, known.name, gpus=env.world_size)["tokens_per_second"]
 
 
 def step_checks(report, config: Config, env: DistEnv, steps: int, steps_note: str | None) -> StepRun | None:
