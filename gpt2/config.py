@@ -114,6 +114,10 @@ class TrainConfig(_Section):
     """Write a checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = Field(3, ge=1)
     """How many of the latest checkpoints to keep."""
+    preflight: bool = True
+    """Run `gpt2 preflight` on the training machine before the training flow
+    trains (a failed check fails the flow in minutes, not retried or rescheduled);
+    a runtime setting: it never changes the run's address."""
 
     @field_validator("betas")
     @classmethod

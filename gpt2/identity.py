@@ -86,12 +86,16 @@ TRAIN_RUNTIME_FIELDS = frozenset({"micro_batch_size", "checkpoint_every", "keep_
 # Muon's own settings count only when Muon runs.
 OPTIMIZER_KEYS = ("optimizer", "muon_lr", "muon_momentum")
 
+# Settings added later that never change the weights: left out of every
+# identity (the legacy one too), so no run changes its address for them.
+NEVER_IDENTITY_KEYS = ("preflight",)
+
 
 def train_identity(config: Config, legacy: bool = False) -> dict:
     """What defines a run's weights. `legacy`: the identity of releases
     before 0.2, which counted TRAIN_RUNTIME_FIELDS too (their runs are
     resumed, see gpt2.train.session)."""
-    train = config.train.model_dump(mode="json")
+    train = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in NEVER_IDENTITY_KEYS}
     if train["optimizer"] == "adamw":
         train = {k: v for k, v in train.items() if k not in OPTIMIZER_KEYS}
     if not legacy:

@@ -3,7 +3,7 @@
 Cached on the training identity (gpt2.identity.train_fingerprint) + code
 version. Retrying is always safe because training resumes from the newest
 checkpoint; errors that a retry cannot fix (NaN loss, out of memory, a bad
-batch shape) and preemption (the process is going away) are not retried.
+batch shape, a failed preflight: tasks.preflight) and preemption (the process is going away) are not retried.
 A multi-node run whose other machines were preempted ends Crashed, like a
 preempted machine's own run, for the reschedule automation.
 """
@@ -19,15 +19,17 @@ from gpt2 import layout
 from gpt2.config import Config
 from gpt2.identity import train_fingerprint
 from gpt2.launch.torchrun import train_stage
+from gpt2.preflight.child import PreflightFailed
 from gpt2.steps import with_resolved_steps
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
 from tasks.common import ProgressArtifact, identity_cache_key
+from tasks.preflight import preflight_first
 
 
 def _retryable(task, task_run, state) -> bool:
-    return not isinstance(state.result(raise_on_failure=False), (TrainingError, FileNotFoundError))
+    return not isinstance(state.result(raise_on_failure=False), (TrainingError, PreflightFailed, FileNotFoundError))
 
 
 @task(name="train", cache_key_fn=identity_cache_key("train", train_fingerprint), persist_result=True,
@@ -41,6 +43,7 @@ def train(config: Config, parent_run_id: str | None = None, tags: dict | None = 
         bar(info)
         artifact.update(info.fraction)
 
+    preflight_first(config, parent_run_id)  # train.preflight: this machine can finish the run, or fail now
     try:
         result = train_stage(config, progress, get_run_logger().info, parent_run_id, tags, isolate=True)
     except Preempted as err:

@@ -117,11 +117,16 @@ class Lease:
                         "(sync them with NTP); %s", self.directory, -age, describe(record, now))
         return age < float(record.get("ttl_s", self.ttl_s))
 
-    def holder(self) -> str | None:
-        """The live holder's description, or None when the lease is free or
-        stale; reads only (`gpt2 preflight` asks without taking it)."""
+    def holder(self) -> tuple[str, float] | None:
+        """(the live holder's description, seconds until its lease goes stale
+        unless renewed), or None when the lease is free or stale; reads only
+        (`gpt2 preflight` asks without taking it)."""
         _, record = self.current()
-        return describe(record, time.time()) if self._live(record, time.time()) else None
+        now = time.time()
+        if not self._live(record, now):
+            return None
+        stale_in = float(record.get("ttl_s", self.ttl_s)) - (now - float(record.get("renewed_at", 0)))
+        return describe(record, now), stale_in
 
     def try_acquire(self) -> str | None:
         """Take the lease if it is free or stale; else the holder's description."""

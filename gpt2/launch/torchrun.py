@@ -57,8 +57,8 @@ def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_ru
     return cmd
 
 
-def _terminate_with_parent() -> None:
-    """In the torchrun child, before exec: SIGTERM it when we die (Linux), so
+def terminate_with_parent() -> None:
+    """In a child (torchrun, the preflight), before exec: SIGTERM it when we die (Linux), so
     torchrun never outlives its flow-run process, even one that was SIGKILLed:
     the workers then checkpoint and exit instead of training on unowned."""
     if sys.platform.startswith("linux"):
@@ -117,7 +117,7 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                kill_window.POOL_ENV: kill_window.resolve_pool(config.runtime.pool)}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                preexec_fn=_terminate_with_parent)
+                                preexec_fn=terminate_with_parent)
         tail: deque[str] = deque(maxlen=40)
         last: dict = {}
         guard = None if _orchestrated() else SigtermGuard(on_signal=lambda: proc.send_signal(signal.SIGTERM))

@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from gpt2.preflight.report import Check
 
@@ -36,6 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--set", "-s", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, as for gpt2 train (repeatable)")
     p.add_argument("--root", help="artifact root URL (default runtime.root)")
+    p.add_argument("--config", type=Path, help="a full config JSON instead of --preset/--set/--root "
+                   "(gpt2 config show > run.json; how the training flow runs it)")
     p.add_argument("--json", dest="as_json", action="store_true", help="print one JSON object as stdout's last line")
     p.add_argument("--record", action="store_true",
                    help="on a GPU, append the figures to bench/results.jsonl (in a checkout)")
@@ -102,11 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    from pydantic import ValidationError
+
+    from gpt2.config import Config
     from gpt2.overrides import ConfigError, resolve_config
 
     try:
-        config = resolve_config(args.preset, args.sets, root=args.root)
-    except ConfigError as err:
+        config = (Config.model_validate(json.loads(args.config.read_text())) if args.config else
+                  resolve_config(args.preset, args.sets, root=args.root))
+    except (ConfigError, ValidationError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if "WORLD_SIZE" not in os.environ:

@@ -131,13 +131,21 @@ def disk(config: Config, needs: dict[str, int]) -> Outcome:
 
 
 def lease(config: Config) -> Outcome:
-    """No live trainer holds the run's lease. Read only: the preflight never takes it."""
+    """No live trainer holds the run's lease, or the run is set to wait for it
+    (runtime.lease_wait_s) longer than it can stay live without renewal.
+    Read only: the preflight never takes it."""
     run_dir = layout.run_dir(config)
-    holder = Lease(layout.lease_dir(run_dir), config.runtime.lease_ttl_s).holder()
-    if holder is not None:
-        raise Failed(f"a live trainer holds the run's lease ({holder}): this run would wait for it or be refused; "
-                     "stop that trainer, or wait for it to finish")
-    return Outcome(f"no live holder of {layout.lease_dir(run_dir)}")
+    found = Lease(layout.lease_dir(run_dir), config.runtime.lease_ttl_s).holder()
+    if found is None:
+        return Outcome(f"no live holder of {layout.lease_dir(run_dir)}")
+    holder, stale_in = found
+    wait = config.runtime.lease_wait_s
+    if wait >= stale_in:
+        raise Warned(f"a trainer holds the run's lease ({holder}); the run waits up to runtime.lease_wait_s={wait:.0f} "
+                     f"s for it, and it goes stale in {stale_in:.0f} s unless its holder is alive")
+    raise Failed(f"a live trainer holds the run's lease ({holder}): the run would be refused; stop that trainer, "
+                 f"wait for it to finish, or set runtime.lease_wait_s above {stale_in:.0f} s to wait for a holder "
+                 "that may be gone")
 
 
 def tracking(config: Config, timeout_s: float = 10.0) -> Outcome:

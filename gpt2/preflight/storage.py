@@ -48,7 +48,7 @@ def data(config: Config, workers: int | None = None) -> tuple[Outcome, Manifest]
             try:
                 future.result()
             except ShardError as err:
-                bad.append(f"{entry.path}: {_reason(err)}")
+                bad.append(f"{entry.path}: {_reason(err, layout.shard(url, entry.path))}")
             except Exception as err:  # noqa: BLE001 - an unreadable shard is a bad shard, named
                 bad.append(f"{entry.path}: {type(err).__name__}: {err}")
             bar.update(entry.bytes)
@@ -63,10 +63,11 @@ def data(config: Config, workers: int | None = None) -> tuple[Outcome, Manifest]
                    f"sha256 match the manifest ({total / seconds / 1e6:.0f} MB/s)", figures), manifest
 
 
-def _reason(err: ShardError) -> str:
-    """The part of a shard error after its URL (the file name leads the line)."""
-    text = str(err)
-    return text.split(": ", 1)[1] if text.startswith("shard ") and ": " in text else text
+def _reason(err: ShardError, shard_url: str) -> str:
+    """The part of a shard error after its URL (the file name leads the line):
+    "shard <url>: sha256 ...", "shard <url> has N bytes, ...", "shard <url> listed ..."."""
+    text, prefix = str(err), f"shard {shard_url}"
+    return text[len(prefix):].lstrip(":").strip() if text.startswith(prefix) else text
 
 
 def _created_dirs(path: Path) -> list[Path]:

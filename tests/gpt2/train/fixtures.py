@@ -28,6 +28,9 @@ TINY = {
     # and sum over ranks, at an eighth of its cost in every tiny run.
     "eval.limit": 4,
     "runtime.device": "cpu",
+    # The training flow's preflight (a child process, steps of its own) has its
+    # own tests (tests/gpt2/preflight, tests/flows/test_train_preflight.py).
+    "train.preflight": False,
 }
 
 
