@@ -109,4 +109,6 @@ def describe(p: dict[str, Any]) -> str:
     if p.get("steps_note"):
         lines.append(f"  steps: {p['steps_note']}")
     lines.append(f"  counted: {p['counted']}; not counted: {p['not_counted']}")
+    lines.append(f"  once rented: gpt2 preflight --preset {p['preset']} (with your --set and --root) measures this on "
+                 "the machine in minutes, before the run spends on it")
     return "\n".join(lines)
