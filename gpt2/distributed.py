@@ -185,9 +185,7 @@ def distributed(requested_device: str = "auto", timeout_s: float = COLLECTIVE_TI
                 startup_timeout_s: float = STARTUP_TIMEOUT_S, store: dist.Store | None = None) -> Iterator[DistEnv]:
     """Join the torchrun process group (if any) for the duration of the block:
     its collectives time out after `timeout_s`; the control group's (gloo)
-    after `startup_timeout_s`. `store`: the rendezvous store to form it over,
-    where the caller already holds one (gpt2.preflight's roll call); else
-    torchrun's environment (env://)."""
+    after `startup_timeout_s`; formed over `store` (gpt2.preflight's roll call), else env://."""
     global _control
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
@@ -200,8 +198,7 @@ def distributed(requested_device: str = "auto", timeout_s: float = COLLECTIVE_TI
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
             avoid_small_shm(_env_int("LOCAL_WORLD_SIZE", 1), shm_bytes())
-        over = {} if store is None else {"store": dist.PrefixStore("gpt2-pg/", store), "rank": rank,
-                                         "world_size": world_size}
+        over = {"store": dist.PrefixStore("gpt2-pg/", store), "rank": rank, "world_size": world_size} if store else {}
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None, **over)
         joined = True

@@ -1,10 +1,9 @@
 """MLflow tracking for every stage; the only module of `gpt2` that imports mlflow.
 
-A `Tracker` owns one MLflow run. Calls only queue records (params, metrics,
-tags, artifacts); a background thread sends them in batches and, while the
-tracking server is unreachable, keeps them and retries with backoff, so an
-outage costs a warning, never the training run. Reopening with `run_id`
-resumes the same MLflow run, so a resumed training run's curves continue.
+A `Tracker` owns one MLflow run. Calls only queue records (params, metrics, tags,
+artifacts); a background thread sends them in batches and, while the tracking server
+is unreachable, keeps them and retries with backoff, so an outage costs a warning,
+never the training run. Reopening with `run_id` continues a resumed run's curves.
 
     with Tracker(config, "smoke-1a2b3c", tags={"stage": "train"}) as t:
         t.log_params(config.model_dump(mode="json"))
@@ -30,12 +29,9 @@ from gpt2.secrets import redact
 
 log = logging.getLogger(__name__)
 
-# The MLflow 3 UI opens an experiment on the view its kind names; without
-# the tag it guesses, and shows the GenAI overview instead of the runs.
+# The MLflow 3 UI opens an experiment on the view its kind names (untagged: the GenAI overview, not the runs).
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
-MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
-MAX_PARAMS_PER_BATCH = 100
-MAX_PARAM_CHARS = 6000
+MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MAX_PARAM_CHARS = 1000, 100, 6000  # MLflow's log_batch limits
 
 
 def default_tracking_uri(config: Config) -> str:
@@ -48,11 +44,19 @@ def default_tracking_uri(config: Config) -> str:
     return f"sqlite:///{layout.mlflow_db(config)}"
 
 
+def answers(uri: str) -> float:
+    """Seconds the store at `uri` took to answer a query (gpt2 preflight); raises what reaching it raised."""
+    from mlflow import MlflowClient  # before the clock starts
+
+    started = time.perf_counter()
+    MlflowClient(uri).search_experiments(max_results=1)
+    return time.perf_counter() - started
+
+
 def ui_link(uri: str, experiment_id: str | None, run_id: str | None = None) -> str:
-    """Where a person opens the experiment's runs table (or one run) in the MLflow UI.
-    MLflow 3.17's UI opens a fresh browser on its GenAI view, where a training run
-    is not found at a glance; `#/experiments/<id>/runs` opens the runs table. A
-    SQLite store is served by `mlflow ui` at its default address."""
+    """Where a person opens the experiment's runs table (or one run) in the MLflow UI: MLflow 3.17's
+    UI opens a fresh browser on its GenAI view, where a training run is not found at a glance;
+    `#/experiments/<id>/runs` opens the runs table. `mlflow ui` serves a SQLite store at its default."""
     base = "http://127.0.0.1:5000" if uri.startswith("sqlite:") else redact(uri).rstrip("/")
     if not base.startswith(("http://", "https://")) or experiment_id is None:
         return base
@@ -77,8 +81,7 @@ def ensure_experiment(client: Any, name: str, artifact_location: str) -> str:
 
 
 def artifact_location(config: Config) -> str:
-    """Experiment artifacts live under the artifact root (not ./mlruns in the
-    cwd) when MLflow can write there; roots it has no store for use the work dir."""
+    """Under the artifact root (not ./mlruns in the cwd) where MLflow can write; else the work dir."""
     return layout.mlflow_artifacts(config)
 
 
@@ -106,9 +109,8 @@ def _prepare_sqlite(uri: str) -> None:
 
 
 def seed_sqlite_store(path: Path) -> None:
-    """A SQLite tracking store that does not exist yet starts as a migrated
-    empty copy (gpt2.seeded_store): MLflow would otherwise spend 2-4 s of CPU on
-    its schema migrations at a new root's first run."""
+    """A new SQLite store starts as a migrated empty copy (gpt2.seeded_store): MLflow would
+    otherwise spend 2-4 s of CPU on its schema migrations at a new root's first run."""
     import mlflow
 
     seeded_store.seed(path, f"mlflow-{mlflow.__version__}-empty.db", _make_empty_store)
@@ -119,8 +121,7 @@ def _make_empty_store(path: Path) -> None:
 
     engine = create_sqlalchemy_engine(f"sqlite:///{path}")
     try:
-        # Tables only: the Default experiment (whose artifact location is the
-        # store's own) is made by MLflow when each copy is first opened.
+        # Tables only: MLflow makes the Default experiment (its artifacts: the copy's own) on first open.
         _initialize_tables(engine)
     finally:
         engine.dispose()

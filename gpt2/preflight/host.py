@@ -7,7 +7,6 @@ import ctypes
 import importlib.util
 import os
 import shutil
-import time
 import urllib.request
 from pathlib import Path
 
@@ -179,7 +178,7 @@ def tracking(config: Config, timeout_s: float = 10.0) -> Outcome:
 def _mlflow(config: Config) -> tuple[str | None, str | None]:
     """(what was found, what is wrong) of the run's MLflow store."""
     from gpt2.secrets import redact
-    from gpt2.tracking import default_tracking_uri
+    from gpt2.tracking import answers, default_tracking_uri
 
     uri = default_tracking_uri(config)
     if uri.startswith("sqlite:///"):
@@ -189,12 +188,9 @@ def _mlflow(config: Config) -> tuple[str | None, str | None]:
             if os.access(parent, os.W_OK):
                 return f"MLflow store {redact(uri)}: created by the run ({parent} is writable)", None
             return None, f"MLflow store {redact(uri)} cannot be created: {parent} is not writable"
-    started = time.perf_counter()
     try:
-        import mlflow
-
-        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+        seconds = answers(uri)
     except Exception as err:  # noqa: BLE001 - any failure is "does not answer"
         return None, (f"MLflow at {redact(uri)} does not answer ({type(err).__name__}: {err}); "
                       "check tracking.uri / $MLFLOW_TRACKING_URI")
-    return f"MLflow {redact(uri)} answered in {time.perf_counter() - started:.1f}s", None
+    return f"MLflow {redact(uri)} answered in {seconds:.1f}s", None
