@@ -117,15 +117,19 @@ def disk(config: Config, needs: dict[str, int]) -> Outcome:
         entry = per_fs.setdefault(os.stat(where).st_dev, [where, free, 0, []])
         entry[2] += wanted
         entry[3].append(what)
-    lines, short = [], []
+    lines, short, advice = [], [], []
     for where, free, wanted, whats in per_fs.values():
         lines.append(f"{' and '.join(whats)} on {where}: {free / 1e9:.1f} GB free, {wanted / 1e9:.2f} GB needed")
         if free < wanted:
-            short.append(f"{where} has {free / 1e9:.1f} GB free but the run needs {wanted / 1e9:.1f} GB there "
-                         f"({', '.join(f'{k} {v / 1e9:.2f} GB' for k, v in needs.items() if v)})")
+            parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in needs.items() if v and k.startswith(tuple(whats)))
+            short.append(f"{where} has {free / 1e9:.1f} GB free, the run needs {wanted / 1e9:.1f} GB there ({parts})")
+            if "work dir" in whats:
+                advice.append("point runtime.work_dir at a larger local disk")
+            if "root" in whats:
+                advice.append("lower train.keep_checkpoints, or use a root with more space")
     figures = {"disk_needed_bytes": sum(needs.values())}
     if short:
-        raise Failed("; ".join(short) + ": free space, or point runtime.work_dir at a larger disk", **figures)
+        raise Failed("; ".join(short) + ": free space, or " + ", or ".join(advice), **figures)
     return Outcome("; ".join(lines), figures)
 
 
@@ -185,7 +189,7 @@ def _mlflow(config: Config) -> tuple[str | None, str | None]:
         db = Path(uri[len("sqlite:///"):])
         if not db.exists():
             parent = next(p for p in db.parents if p.exists())
-            if os.access(parent, os.W_OK):
+            if parent.is_dir() and os.access(parent, os.W_OK):
                 return f"MLflow store {redact(uri)}: created by the run ({parent} is writable)", None
             return None, f"MLflow store {redact(uri)} cannot be created: {parent} is not writable"
     try:

@@ -44,6 +44,8 @@ class StepRun:
     error: str | None = None
     fits: int | None = None
     """After an out-of-memory step: the micro-batch the probe finds fits (None: not searched)."""
+    fits_with: str = ""
+    """The memory savers that fit needs beyond the configured ones ("" for none)."""
 
 
 def _batches(micro: int, accumulation: int, seq_len: int, vocab: int, device: torch.device) -> list[Batch]:
@@ -106,12 +108,13 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
         del model, optimizer, batches
         memory.release(env.device)
     if out.error and config.train.micro_batch_size != "auto":
-        out.fits = _what_fits(config, raw, seqs, ctx)
+        out.fits, out.fits_with = _what_fits(config, raw, seqs, ctx)
     return out
 
 
-def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> int | None:
-    """The micro-batch the trainer's probe finds fits (None: not even 1)."""
+def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> tuple[int | None, str]:
+    """The micro-batch the trainer's probe finds fits (None: not even 1), and
+    the memory savers it needs set to true where they are `auto` ("" for none)."""
     rt = config.runtime
     probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
 
@@ -119,10 +122,14 @@ def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> int | N
         return make_optimizer(raw, config.train, ctx.env.device_type, shard)
 
     try:
-        return int(find_micro_batch(raw, make_opt, seqs, config.model.block_size, config.model.vocab_size, probe_ctx,
-                                    rt.shard_optimizer, rt.recompute))
+        found = find_micro_batch(raw, make_opt, seqs, config.model.block_size, config.model.vocab_size, probe_ctx,
+                                 rt.shard_optimizer, rt.recompute)
     except torch.OutOfMemoryError:
-        return None
+        return None, ""
+    savers = [f"runtime.{name}=true" for name, on, setting in
+              (("shard_optimizer", found.memory.shard_optimizer, rt.shard_optimizer),
+               ("recompute", found.memory.recompute, rt.recompute)) if on and setting == "auto"]
+    return int(found), " with " + " and ".join(savers) if savers else ""
 
 
 def _gib(n: int | None) -> str:
@@ -148,7 +155,7 @@ def memory_check(config: Config, env: DistEnv, run: StepRun) -> Outcome:
                     "use a smaller model.block_size or model, or a device with more memory")
             raise Failed(f"{how}: the probe's choice ran out of memory in the real step ({run.error}); {hint}",
                          **figures)
-        fits = (f"train.micro_batch_size={run.fits} fits: set it, or auto" if run.fits else
+        fits = (f"train.micro_batch_size={run.fits} fits{run.fits_with}: set it, or auto" if run.fits else
                 "not even a micro-batch of 1 fits: use a smaller model.block_size or model, or more memory")
         raise Failed(f"{how}: out of memory ({run.error}); {fits}", **figures, micro_batch_fits=run.fits)
     return Outcome(f"{how}: {len(run.step_s) + 1} full steps ran, {peak}", figures)
