@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
+from gpt2 import compile_cache
 from gpt2.config import Config
 from gpt2.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.steps import with_resolved_steps
@@ -49,6 +50,9 @@ class TrainResult:
     """Activation recomputation was on (runtime.recompute as resolved)."""
     bill: dict | None = None
     """What the run cost so far, every attempt included (gpt2.bill.training_bill)."""
+    compile_cache: str | None = None
+    """The compiled program (gpt2.compile_cache): `loaded` from the run (a warm start), `saved` to it,
+    `absent` or `refused` (compiled cold, not saved); None without runtime.compile."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,8 +71,19 @@ class _Warmup:
             self.logged = True
             log.info("first step took %.1fs (warm-up%s)", first[1], ", compilation" if self.compiling else "")
             self.loop.tracker.log_metrics({"perf/warmup_s": first[1]}, step=info.step)
+            _save_compiled(self.loop.s)
         if self.progress is not None:
             self.progress(info)
+
+
+def _save_compiled(session) -> None:
+    """After the first compiled step, rank 0 saves the program for the next
+    attempt (gpt2.compile_cache), unless it was loaded from there."""
+    cache = session.compile_cache
+    if cache is None or cache.status == "loaded" or not session.env.is_main:
+        return
+    if compile_cache.save(session.config, cache.fields, cache.since, replace=cache.status == "refused"):
+        cache.status = "saved"
 
 
 def _warmup_s(loop: Loop) -> float | None:
@@ -113,4 +128,5 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             mlflow_run_id=outcome.mlflow_run_id, micro_batch_size=session.micro_batch,
             world_size=env.world_size, warmup_s=_warmup_s(loop),
             shard_optimizer=session.memory.shard_optimizer, recompute=session.memory.recompute, bill=bill,
+            compile_cache=session.compile_cache.status if session.compile_cache else None,
         )

@@ -9,12 +9,13 @@ so rerunning the same command after any crash continues the run.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from gpt2 import layout, storage
+from gpt2 import compile_cache, layout, storage
 from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.checkpoint.optim_load import rank_state
@@ -56,6 +57,17 @@ class Session:
     """This run's lease, held by rank 0 (gpt2.checkpoint.lease)."""
     memory: MemorySettings = field(default_factory=MemorySettings)
     """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
+    compile_cache: CompileCache | None = None
+    """The compiled program's travel (gpt2.compile_cache); None when not compiling."""
+
+
+@dataclass
+class CompileCache:
+    fields: dict
+    status: str
+    """`loaded`, `absent` or `refused` before the first step; `saved` once this attempt saved it."""
+    since: float
+    """When this attempt's compilation could begin (the files it adds are newer)."""
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -253,6 +265,10 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     if ckpt:
         load_state(optimizer, rank_state(ckpt.url, ckpt.entries, optimizer, env))
         restore_rng(ckpt.rng, env.device)
+    cache = None
+    if resolve_compile(config.runtime.compile, env.device):
+        fields = compile_cache.key_fields(config, env.device, micro, mem.recompute, env.world_size)
+        cache = CompileCache(fields, compile_cache.load(config, fields), time.time())
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = wrap_ddp(model, raw, env)
@@ -266,4 +282,4 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     barrier(env)
     return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
                    start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},
-                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem)
+                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem, compile_cache=cache)
