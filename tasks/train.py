@@ -10,22 +10,48 @@ preempted machine's own run, for the reschedule automation.
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 
 from prefect import get_run_logger, task
 from prefect.exceptions import TerminationSignal
 
 from gpt2 import layout
+from gpt2.compile_cache import SECRET_ENV
 from gpt2.config import Config
+from gpt2.distributed import pick_device
 from gpt2.identity import train_fingerprint
 from gpt2.launch.torchrun import train_stage
 from gpt2.preflight.child import PreflightFailed
 from gpt2.steps import with_resolved_steps
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import Preempted
-from gpt2.train.session import TrainingError
+from gpt2.train.session import TrainingError, resolve_compile
 from tasks.common import ProgressArtifact, identity_cache_key
 from tasks.preflight import preflight_first
+
+COMPILE_SECRET_BLOCK = "gpt2-compile-cache"
+"""The Prefect Secret block holding the key that signs compiled programs (gpt2.compile_cache)."""
+
+
+def share_compile_secret(config: Config) -> None:
+    """Every machine of a deployment signs and checks the run's compiled
+    program with one secret, kept by the Prefect API, never in the root: made
+    at the first compiled run, read by every later attempt on any machine."""
+    if os.environ.get(SECRET_ENV) or not resolve_compile(config.runtime.compile, pick_device(config.runtime.device)):
+        return
+    from prefect.blocks.system import Secret
+
+    try:
+        value = Secret.load(COMPILE_SECRET_BLOCK).get()
+    except ValueError:  # none yet: this is the first
+        try:
+            Secret(value=secrets.token_hex(32)).save(COMPILE_SECRET_BLOCK)
+        except ValueError:  # another first run saved one just now: theirs
+            pass
+        value = Secret.load(COMPILE_SECRET_BLOCK).get()
+    os.environ[SECRET_ENV] = value  # the trainer and the preflight, our children, inherit it
 
 
 def _retryable(task, task_run, state) -> bool:
@@ -43,6 +69,7 @@ def train(config: Config, parent_run_id: str | None = None, tags: dict | None = 
         bar(info)
         artifact.update(info.fraction)
 
+    share_compile_secret(config)
     preflight_first(config, parent_run_id)  # train.preflight: this machine can finish the run, or fail now
     try:
         result = train_stage(config, progress, get_run_logger().info, parent_run_id, tags, isolate=True)

@@ -4,8 +4,9 @@ checks of the root run on rank 0, those of the machine on each machine's
 first rank, those of the device on every rank, and rank 0 reports them all.
 
 It never takes the run's lease and never writes a checkpoint, a lease or an
-attempt record: the only thing it writes under the root is its probe
-object, removed again whatever happens."""
+attempt record: what it writes under the root is its probe object, removed
+again whatever happens, and, with runtime.compile, the run's compiled program
+(gpt2.compile_cache), so that even the run's first attempt starts warm."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpt2 import compile_cache
 from gpt2.config import Config
 from gpt2.distributed import DistEnv, amp_dtype
 from gpt2.model import GPT
@@ -44,6 +45,8 @@ class StepRun:
     error: str | None = None
     fits: int | None = None
     """After an out-of-memory step: the micro-batch the probe finds fits (None: not searched)."""
+    compile_cache: str | None = None
+    """The run's compiled program (gpt2.compile_cache): loaded, saved, absent or refused."""
     fits_with: str = ""
     """The memory savers that fit needs beyond the configured ones ("" for none)."""
 
@@ -85,6 +88,10 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
     out.shard_optimizer, out.recompute = mem.shard_optimizer, mem.recompute
     out.compiled = resolve_compile(rt.compile, env.device)
     optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
+    fields = compile_cache.key_fields(config, env.device, micro, mem.recompute, env.world_size)
+    if out.compiled:  # the run's own program: loaded when an attempt saved it, else saved here for the run
+        out.compile_cache = compile_cache.load(config, fields)
+    since = time.time()
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = wrap_ddp(model, raw, env)
@@ -99,6 +106,9 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
             seconds = time.perf_counter() - started
             if i == 0:
                 out.first_step_s = seconds
+                if out.compiled and out.compile_cache != "loaded" and env.is_main and compile_cache.save(
+                        config, fields, since, replace=out.compile_cache == "refused"):
+                    out.compile_cache = "saved"
             else:
                 out.step_s.append(seconds)
     except torch.OutOfMemoryError as err:
@@ -166,8 +176,11 @@ def compile_check(run: StepRun) -> Outcome:
         raise Skipped("runtime.compile is off for this device (auto compiles on CUDA only)")
     steady = statistics.median(run.step_s) if run.step_s else 0.0
     seconds = max(0.0, (run.first_step_s or 0.0) - steady)
-    return Outcome(f"the compiled step ran; compilation took ~{seconds:.1f} s (first step {run.first_step_s:.1f} s)",
-                   {"compile_s": seconds, "first_step_s": run.first_step_s})
+    travel = {"loaded": "loaded from the run (an attempt saved it): a warm start",
+              "saved": "saved for the run: its first attempt starts warm"}.get(run.compile_cache, "not saved")
+    return Outcome(f"the compiled step ran; compilation took ~{seconds:.1f} s (first step {run.first_step_s:.1f} s); "
+                   f"the compiled program {travel}",
+                   {"compile_s": seconds, "first_step_s": run.first_step_s, "compile_cache": run.compile_cache})
 
 
 def throughput_check(config: Config, env: DistEnv, run: StepRun, steps_note: str | None) -> Outcome:
