@@ -13,16 +13,25 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+import torch
 import torch.distributed as dist
 
 from gpt2 import layout
 from gpt2.config import Config
-from gpt2.distributed import STARTUP_TIMEOUT_S, DistEnv, control_group, distributed
+from gpt2.distributed import (
+    STARTUP_TIMEOUT_S,
+    DeviceUnavailable,
+    DistEnv,
+    check_device_available,
+    control_group,
+    distributed,
+    pick_device,
+)
 from gpt2.errors import UserError
 from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, count_every, model_size
 from gpt2.preflight import collectives, host
 from gpt2.preflight import storage as root_checks
-from gpt2.preflight.report import Check, Outcome, Report
+from gpt2.preflight.report import Check, Failed, Outcome, Report
 from gpt2.preflight.steps import step_checks
 from gpt2.steps import planned_steps, with_resolved_steps
 
@@ -74,6 +83,15 @@ def preflight(config: Config, synthetic: bool = False, steps: int = DEFAULT_STEP
                     report.skip(name, "needs every rank (see collectives)")
             return report
     rt = config.runtime
+    try:
+        check_device_available(rt.device)
+    except DeviceUnavailable as err:  # everything but the device is still worth knowing now
+        report.check("devices", _raising(Failed(str(err))))
+        _local_checks(report, config, DistEnv(rank, 0, world, torch.device("cpu")), synthetic, steps_note,
+                      devices=False)
+        for name in ("collectives", "memory", "compile", "throughput"):
+            report.skip(name, "needs a usable device (see devices)")
+        return report
     with distributed(rt.device, rt.collective_timeout_s, STARTUP_TIMEOUT_S, store=store) as env:
         _local_checks(report, config, env, synthetic, steps_note)
         if env.is_distributed:
@@ -96,16 +114,19 @@ def _raising(err: Exception) -> Callable[[], Outcome]:
     return body
 
 
-def _device(config: Config):
-    from gpt2.distributed import pick_device
+def _device(config: Config) -> torch.device:
+    try:
+        return pick_device(config.runtime.device, int(os.environ.get("LOCAL_RANK", 0)))
+    except DeviceUnavailable:
+        return torch.device("cpu")
 
-    return pick_device(config.runtime.device, int(os.environ.get("LOCAL_RANK", 0)))
 
-
-def _local_checks(report: Report, config: Config, env: DistEnv, synthetic: bool, steps_note: str | None) -> None:
+def _local_checks(report: Report, config: Config, env: DistEnv, synthetic: bool, steps_note: str | None,
+                  devices: bool = True) -> None:
     """The checks that need no collective: devices on every rank; the root's
     on rank 0; the disk on each machine's first rank."""
-    report.check("devices", lambda: host.devices(config, env))
+    if devices:
+        report.check("devices", lambda: host.devices(config, env))
     n_params, _ = model_size(config)
     checkpoint_bytes = n_params * CHECKPOINT_BYTES_PER_PARAM
     manifest_bytes = None

@@ -306,3 +306,15 @@ def test_a_bad_config_exits_2_before_any_check(tmp_path, capsys, bad, says):
     assert out == ""  # no JSON, no summary
     assert not re.search(r"^(ok|warn|fail|skipped) ", err, re.M)  # no check line
     assert not root.exists()
+
+
+def test_a_device_this_machine_lacks_fails_the_devices_check_and_the_rest_still_runs(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    root, _ = _ready(tmp_path)
+    code, result, _ = _preflight(capsys, root, {"runtime.device": "cuda"})
+    assert code == 1 and result["failed"] == ["devices"]
+    assert "runtime.device=cuda" in _detail(result, "devices") and "CUDA is not available" in _detail(result, "devices")
+    _ran_ok(result, "data", "root", "disk", "lease")
+    for name in ("collectives", *STEPS):
+        assert _status(result, name) == "skipped" and "needs a usable device" in _detail(result, name)
