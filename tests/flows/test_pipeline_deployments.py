@@ -73,9 +73,13 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     assert killed_after <= resumed < config.train.max_steps  # from a checkpoint, not from step 0
 
     mlflow = MlflowClient(tracking_uri=stack["mlflow_url"])
-    runs = mlflow.search_runs(experiment_ids=[mlflow.get_experiment_by_name(config.tracking.experiment).experiment_id],
-                              filter_string=f"tags.`prefect.flow_run_id` = '{train.id}'")
+    experiment = mlflow.get_experiment_by_name(config.tracking.experiment).experiment_id
+    of_train = f"tags.`prefect.flow_run_id` = '{train.id}'"
+    runs = mlflow.search_runs(experiment_ids=[experiment], filter_string=f"{of_train} and tags.stage = 'train'")
     assert len(runs) == 1, "one training run, reopened after the reschedule"
+    # Each attempt on the gpu pool checked its machine first (train.preflight), and passed.
+    checked = mlflow.search_runs(experiment_ids=[experiment], filter_string=f"{of_train} and tags.stage = 'preflight'")
+    assert checked and all(r.info.status == "FINISHED" for r in checked)
     losses = mlflow.get_metric_history(runs[0].info.run_id, "train/loss")
     steps = [m.step for m in losses]
     # One curve that continues: step 1 logged once (no restart), every step after the
