@@ -7,7 +7,9 @@ record outlives the machine (gpt2.bill turns the records into the bill):
      "started_at": 1790000000.0, "resumed_from": 1500, "step": 1730,
      "first_step_at": 1790000095.2, "startup_s": 93.1, "step_s": 61.0, "steps_timed": 229,
      "mfu": 0.41, "data_wait_s": 0.4, "heartbeat_at": 1790000160.4, "ended_at": 1790000161.0,
-     "end": "preempted", "last_checkpoint": 1730, "message": null, "closed_by": null}
+     "end": "preempted", "last_checkpoint": 1730, "message": null, "closed_by": null,
+     "startup_parts": {"imports": 6.1, "lease": 0.4, "data": 2.2, "checkpoint": 18.0, "probe": 20.5,
+                       "compile": 3.1, "first_step": 1.1, "other": 4.6}}
 
 Global rank 0 writes its attempt's record when it holds the run's lease, brings
 it up to date after a step at most every `runtime.heartbeat_s`, and writes its
@@ -156,6 +158,14 @@ class Attempt:
         # The first step at once: from then on the attempt counts in the bill,
         # even if it is killed before its first heartbeat.
         if first or now - self._written >= self.heartbeat_s:
+            self._write()
+
+    def startup(self, parts: dict[str, float], write: bool = True) -> None:
+        """The start-up's parts (gpt2.train.startup)."""
+        if self.record is None:
+            return
+        self.record["startup_parts"] = parts
+        if write:
             self._write()
 
     def end(self, how: str, message: str | None = None) -> None:

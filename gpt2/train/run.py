@@ -19,6 +19,7 @@ from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.session import TrainingError, open_session, resolve_compile, take_lease
+from gpt2.train.startup import StartupParts
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,14 @@ class TrainResult:
 
 
 class _Warmup:
-    """Progress hook that logs the first step's time once, as perf/warmup_s:
-    the per-step numbers then show steady-state speed, not the compilation."""
+    """Progress hook for the start-up: logs the first step's time once, as
+    perf/warmup_s (the per-step numbers then show steady-state speed, not the
+    compilation), saves the compiled program, and records the start-up's
+    parts (gpt2.train.startup) once a second step says what was compilation."""
 
-    def __init__(self, progress: Progress | None, compiling: bool):
+    def __init__(self, progress: Progress | None, compiling: bool, clock: StartupParts, attempt: Attempt):
         self.progress, self.compiling, self.loop, self.logged = progress, compiling, None, False
+        self.clock, self.attempt, self.steady = clock, attempt, False
 
     def __call__(self, info: StepInfo) -> None:
         first = self.loop.throughput.first if self.loop else None
@@ -71,7 +75,15 @@ class _Warmup:
             self.logged = True
             log.info("first step took %.1fs (warm-up%s)", first[1], ", compilation" if self.compiling else "")
             self.loop.tracker.log_metrics({"perf/warmup_s": first[1]}, step=info.step)
+            self.clock.first_step(first[1], time.time())
+            self.attempt.startup(self.clock.as_dict(), write=False)  # written with the first step's record
             _save_compiled(self.loop.s)
+        elif first is not None and not self.steady and info.tokens_per_second:
+            self.steady = True
+            self.clock.steady_step(self.loop.cfg.train.total_batch_tokens / info.tokens_per_second, self.compiling)
+            parts = self.clock.as_dict()
+            self.attempt.startup(parts)
+            self.loop.tracker.log_metrics({f"startup/{k}": v for k, v in parts.items()}, step=info.step)
         if self.progress is not None:
             self.progress(info)
 
@@ -98,15 +110,18 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
     config = with_resolved_steps(config)  # `epoch` as a number: the run's name and the loop need one
     guard, started = SigtermGuard(), time.time()
+    clock = StartupParts(entered=started)
     rt = config.runtime
     with distributed(rt.device, rt.collective_timeout_s, STARTUP_TIMEOUT_S + rt.lease_wait_s) as env, \
             guard.installed():
-        lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
+        with clock.part("lease"):
+            lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
         attempt = Attempt.begin(config, env, lease, started)  # gpt2.train.attempts: what this attempt cost
         try:
-            session = open_session(config, env, fresh, lease)
+            session = open_session(config, env, fresh, lease, clock)
             attempt.resumed(session.start_step, config.train.max_steps)
-            warmup = _Warmup(attempt.progress(progress), resolve_compile(config.runtime.compile, env.device))
+            warmup = _Warmup(attempt.progress(progress), resolve_compile(config.runtime.compile, env.device), clock,
+                             attempt)
             loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard)
             outcome = loop.run()
         except BaseException as err:

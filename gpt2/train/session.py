@@ -8,6 +8,7 @@ so rerunning the same command after any crash continues the run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from gpt2.model import GPT
 from gpt2.train import memory
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.parallel import wrap_ddp
+from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch
 
 log = logging.getLogger(__name__)
@@ -236,13 +238,18 @@ def take_lease(config: Config, env: DistEnv, flow_run_id: str | None) -> Lease |
     return lease
 
 
-def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease | None = None) -> Session:
-    """Everything before the first step; `lease`: the run's, held by rank 0."""
+def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease | None = None,
+                 clock: StartupParts | None = None) -> Session:
+    """Everything before the first step; `lease`: the run's, held by rank 0;
+    `clock`: times the start-up's parts (gpt2.train.startup)."""
+    part = clock.part if clock else (lambda name: contextlib.nullcontext())
     url = layout.manifest(config)
-    manifest = load_manifest(url)
-    check_shard_sizes(url, manifest)  # a shard lost or cut short fails now, not when the run reaches it
+    with part("data"):
+        manifest = load_manifest(url)
+        check_shard_sizes(url, manifest)  # a shard lost or cut short fails now, not when the run reaches it
     seqs_per_rank = check_batch_shape(config, env.world_size)
-    ckpt = resume_from(config, env, fresh, lease.check if lease else None)
+    with part("checkpoint"):
+        ckpt = resume_from(config, env, fresh, lease.check if lease else None)
     known = (train_fingerprint(config), legacy_train_fingerprint(config))
     if ckpt and ckpt.state.get("train_fingerprint", known[0]) not in known:
         raise TrainingError(f"checkpoint {ckpt.url} belongs to another training identity; "
@@ -251,34 +258,39 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
 
     torch.manual_seed(config.train.seed)  # weights init is the same on every device
     raw = GPT(config.model)
-    if ckpt:
-        store.load_weights(raw, ckpt.model)
-    raw.to(env.device)
+    with part("checkpoint"):
+        if ckpt:
+            store.load_weights(raw, ckpt.model)
+        raw.to(env.device)
     ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, config.runtime.memory_limit_mb)
     # The micro-batch probe runs eagerly: compiled, every size it tries would be
     # another compilation. Eager code keeps more activations than fused kernels
     # do, so a size that fits eagerly fits compiled as a rule.
-    micro, mem = choose_micro_batch(config, raw, seqs_per_rank, ctx)
+    with part("probe"):
+        micro, mem = choose_micro_batch(config, raw, seqs_per_rank, ctx)
     # Built after the search, which decides whether it is sharded; a sharded
     # one loads only this rank's part of the (always full) saved state.
     optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
-    if ckpt:
-        load_state(optimizer, rank_state(ckpt.url, ckpt.entries, optimizer, env))
-        restore_rng(ckpt.rng, env.device)
+    with part("checkpoint"):
+        if ckpt:
+            load_state(optimizer, rank_state(ckpt.url, ckpt.entries, optimizer, env))
+            restore_rng(ckpt.rng, env.device)
     cache = None
     if resolve_compile(config.runtime.compile, env.device):
         fields = compile_cache.key_fields(config, env.device, micro, mem.recompute, env.world_size)
-        cache = CompileCache(fields, compile_cache.load(config, fields), time.time())
+        with part("compile"):
+            cache = CompileCache(fields, compile_cache.load(config, fields), time.time())
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = wrap_ddp(model, raw, env)
 
-    source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
-    loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
-    if ckpt and "loader" in ckpt.state:
-        loader.load_state_dict(ckpt.state["loader"])
-    val_tokens = config.train.val_steps * config.train.total_batch_tokens
-    val = val_batches(source, config.model.block_size, val_tokens, micro, env)
+    with part("data"):
+        source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
+        loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
+        if ckpt and "loader" in ckpt.state:
+            loader.load_state_dict(ckpt.state["loader"])
+        val_tokens = config.train.val_steps * config.train.total_batch_tokens
+        val = val_batches(source, config.model.block_size, val_tokens, micro, env)
     barrier(env)
     return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
                    start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},

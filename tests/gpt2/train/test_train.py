@@ -15,9 +15,11 @@ from gpt2.checkpoint import store
 from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
 from gpt2.tracking import default_tracking_uri
+from gpt2.train.attempts import read_attempts
 from gpt2.train.memory import cpu_limit
 from gpt2.train.run import train
 from gpt2.train.session import TrainingError
+from gpt2.train.startup import PARTS, process_started
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
@@ -124,6 +126,27 @@ def test_corrupt_latest_checkpoint_falls_back_and_ends_identically(finished, tmp
     assert result.final_val_loss == first.final_val_loss
     got = weights(result.checkpoint)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+def test_each_attempt_records_its_start_up_part_by_part(finished, tmp_path):
+    """imports, lease, data, checkpoint, probe, compile, first_step, other: in the
+    attempt record and in MLflow, adding up to the start-up."""
+    config = copy_root(finished, tmp_path)
+    _, first = finished
+    shutil.rmtree(storage.local_path(store.latest_checkpoint(config)))  # as if killed after step 6's checkpoint
+    train(config)
+    fresh, resumed = read_attempts(layout.run_dir(config))
+    for record in (fresh, resumed):
+        parts = record["startup_parts"]
+        assert set(parts) == set(PARTS) and all(v >= 0 for v in parts.values())
+        assert parts["imports"] > 0 and parts["data"] > 0 and parts["first_step"] > 0
+        assert parts["compile"] == 0  # eager on CPU: nothing compiled, nothing loaded
+    # From the process's start to the first step's end, every second in one part.
+    parts = resumed["startup_parts"]
+    assert sum(parts.values()) == pytest.approx(resumed["first_step_at"] - process_started(), abs=0.1)
+    assert parts["checkpoint"] > fresh["startup_parts"]["checkpoint"]  # a resume reads one
+    metrics = MlflowClient(default_tracking_uri(config)).get_run(first.mlflow_run_id).data.metrics
+    assert {f"startup/{p}" for p in PARTS} <= set(metrics)
 
 
 def test_fresh_starts_over_with_a_new_mlflow_run(finished, tmp_path):
