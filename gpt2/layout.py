@@ -89,6 +89,12 @@ def checkpoint_staging_dir(config: Config) -> str:
     return (config.runtime.work_root / "staged-checkpoints" / root_key(config) / run_name(config)).as_uri()
 
 
+def attempt_progress_dir(config: Config) -> Path:
+    """This machine's per-step progress of the run's attempts (gpt2.train.attempts),
+    keyed by the root as well as the run, like the staging directory."""
+    return config.runtime.work_root / "attempts" / root_key(config) / run_name(config)
+
+
 def legacy_checkpoint_staging_dir(config: Config) -> str:
     """Where releases before root-keyed staging kept a run's local copies (the run's name alone)."""
     return (config.runtime.work_root / "staged-checkpoints" / run_name(config)).as_uri()

@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import time
+from pathlib import Path
 
 import torch
 
@@ -85,8 +86,10 @@ def _checkpoint_step(run_dir_url: str) -> int | None:
 class Attempt:
     """This process's attempt; every method is a no-op off global rank 0."""
 
-    def __init__(self, run_dir_url: str, heartbeat_s: float, total_batch_tokens: int, record: dict | None):
-        self.run_dir, self.heartbeat_s, self.batch_tokens = run_dir_url, heartbeat_s, total_batch_tokens
+    def __init__(self, config: Config, record: dict | None):
+        self.run_dir, self.heartbeat_s = layout.run_dir(config), config.runtime.heartbeat_s
+        self.batch_tokens, self.checkpoint_every = config.train.total_batch_tokens, config.train.checkpoint_every
+        self.local_dir = layout.attempt_progress_dir(config)
         self.record, self.url, self._written = record, None, 0.0
 
     @classmethod
@@ -94,7 +97,7 @@ class Attempt:
         """Close the attempts that never wrote their end, then record this one
         (under the lease, so no other trainer numbers an attempt at once)."""
         run_dir = layout.run_dir(config)
-        attempt = cls(run_dir, config.runtime.heartbeat_s, config.train.total_batch_tokens, None)
+        attempt = cls(config, None)
         if not env.is_main:
             return attempt
         try:
@@ -102,7 +105,7 @@ class Attempt:
             number = max((int(r.get("attempt", 0)) for r in earlier), default=0) + 1
             for old in earlier:
                 if old.get("end") is None:
-                    _close_killed(run_dir, old, number)
+                    _close_killed(run_dir, old, number, attempt.local_dir)
             record = {"attempt": number, "host": socket.gethostname(), "pid": os.getpid(),
                       "device_type": env.device.type, "device_name": _device_name(env.device),
                       "devices": env.world_size, "lease_generation": lease.generation if lease else None,
@@ -155,9 +158,11 @@ class Attempt:
             if info.mfu is not None:  # a running mean over the steady steps
                 r["mfu"] = (r["mfu"] or 0.0) + (info.mfu - (r["mfu"] or 0.0)) / r["steps_timed"]
         r["step"], r["heartbeat_at"] = info.step, now
+        self._progress_here()
         # The first step at once: from then on the attempt counts in the bill,
-        # even if it is killed before its first heartbeat.
-        if first or now - self._written >= self.heartbeat_s:
+        # even if it is killed before its first heartbeat; and with each
+        # checkpoint, which is where the next attempt resumes.
+        if first or now - self._written >= self.heartbeat_s or info.step % self.checkpoint_every == 0:
             self._write()
 
     def startup(self, parts: dict[str, float], write: bool = True) -> None:
@@ -177,6 +182,20 @@ class Attempt:
                            last_checkpoint=_checkpoint_step(self.run_dir))
         self._write()
 
+    def _progress_here(self) -> None:
+        """Every step, on this machine's disk (a rename, no upload): a later
+        attempt here bills a killed one exactly, heartbeat or not."""
+        r = self.record
+        try:
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            path = self.local_dir / f"{r['attempt']:06d}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"pid": r["pid"], "host": r["host"], "step": r["step"],
+                                       "heartbeat_at": r["heartbeat_at"]}))
+            os.replace(tmp, path)
+        except OSError as err:  # the bill must never stop a training run
+            log.debug("attempt progress not kept locally: %s", err)
+
     def _write(self) -> None:
         try:
             storage.write_record(self.url, self.record)
@@ -185,7 +204,19 @@ class Attempt:
             log.warning("could not update the attempt record %s: %s", self.url, err)
 
 
-def _close_killed(run_dir: str, record: dict, by: int) -> None:
+def _progress_kept_here(record: dict, local_dir: Path) -> dict | None:
+    """The killed attempt's per-step progress, when it ran on this machine."""
+    kept = storage.read_record(str(local_dir / f"{int(record['attempt']):06d}.json"))
+    if isinstance(kept, dict) and kept.get("host") == record.get("host") and kept.get("pid") == record.get("pid"):
+        return kept
+    return None
+
+
+def _close_killed(run_dir: str, record: dict, by: int, local_dir: Path) -> None:
+    kept = _progress_kept_here(record, local_dir)
+    if kept and int(kept.get("step") or 0) > int(record.get("step") or 0):
+        record.update(step=int(kept["step"]), heartbeat_at=max(float(kept["heartbeat_at"]),
+                                                              float(record.get("heartbeat_at") or 0)))
     seen = _last_sign_of_life(run_dir, record)
     record.update(end="killed", ended_at=seen, closed_by=by, last_checkpoint=_checkpoint_step(run_dir),
                   message=f"never wrote its end: closed by attempt {by} at its last sign of life")

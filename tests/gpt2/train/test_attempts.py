@@ -174,33 +174,62 @@ def test_an_attempt_that_fails_says_so_and_its_steps_past_the_checkpoint_are_red
     assert second["resumed_from"] == result.resumed_from_step < failed_at
 
 
-def test_the_first_step_is_recorded_at_once_whatever_the_heartbeat(tmp_path):
+def test_the_first_step_and_each_checkpoint_step_are_recorded_at_once_whatever_the_heartbeat(tmp_path):
     """A trainer SIGKILLed seconds after its first step, before any heartbeat,
-    still left the step on disk: the bill counts it as an attempt that trained."""
+    still left the step on disk: the bill counts it as an attempt that trained.
+    A checkpoint's step is written at once too (where the next attempt resumes);
+    this machine keeps every step's progress for a later attempt here."""
     import json
 
     from gpt2.bill import training_bill
     from gpt2.train.attempts import Attempt
     from gpt2.train.progress import StepInfo
 
-    run_dir = storage.normalize_url(str(tmp_path / "run"))
+    config = tiny_config(tmp_path, **{"runtime.heartbeat_s": 3600})  # checkpoint_every=2
+    run_dir = layout.run_dir(config)
     url = layout.attempt_record(run_dir, 1)
-    record = {"attempt": 1, "started_at": time.time(), "devices": 1, "resumed_from": None, "step": None,
-              "first_step_at": None, "startup_s": None, "step_s": 0.0, "steps_timed": 0, "mfu": None,
-              "data_wait_s": 0.0, "heartbeat_at": time.time(), "ended_at": None, "end": None}
+    record = {"attempt": 1, "host": "here", "pid": os.getpid(), "started_at": time.time(), "devices": 1,
+              "resumed_from": None, "step": None, "first_step_at": None, "startup_s": None, "step_s": 0.0,
+              "steps_timed": 0, "mfu": None, "data_wait_s": 0.0, "heartbeat_at": time.time(), "ended_at": None,
+              "end": None}
     storage.create_exclusive(url, json.dumps(record).encode())
-    attempt = Attempt(run_dir, heartbeat_s=3600, total_batch_tokens=256, record=record)
+    attempt = Attempt(config, record=record)
     attempt.url = url
     attempt.resumed(4, 10)
     report = attempt.progress(None)
-    report(StepInfo(step=5, max_steps=10, loss=3.0, lr=1e-3, grad_norm=1.0, tokens_per_second=1000.0, mfu=None,
-                    eta_seconds=None))
+
+    def step(n: int) -> None:
+        report(StepInfo(step=n, max_steps=10, loss=3.0, lr=1e-3, grad_norm=1.0, tokens_per_second=1000.0, mfu=None,
+                        eta_seconds=None))
+
+    step(5)
     (on_disk,) = read_attempts(run_dir)  # what a killed trainer leaves: no end, no later write
     assert on_disk["step"] == 5 and on_disk["first_step_at"] is not None and on_disk["end"] is None
-    report(StepInfo(step=6, max_steps=10, loss=2.9, lr=1e-3, grad_norm=1.0, tokens_per_second=1000.0, mfu=None,
-                    eta_seconds=None))
+    step(7)
     assert read_attempts(run_dir)[0]["step"] == 5  # later steps wait for the heartbeat, as before
+    kept = json.loads((layout.attempt_progress_dir(config) / "000001.json").read_text())
+    assert kept["step"] == 7  # on this machine: every step
+    step(8)
+    assert read_attempts(run_dir)[0]["step"] == 8  # a checkpoint's step: at once
     assert training_bill(read_attempts(run_dir), None)["attempts"] == 1
+
+
+@scenario
+def test_a_trainer_killed_between_heartbeats_is_billed_the_steps_its_log_shows(tmp_path):
+    """SIGKILL three steps past a checkpoint, long before the next heartbeat
+    (runtime.heartbeat_s=3600): the next attempt on this machine reads the
+    killed one's own per-step progress, so the bill redoes exactly those steps."""
+    config = tiny_config(tmp_path, **{"runtime.heartbeat_s": 3600, "train.checkpoint_every": 4})
+    write_dataset(config)
+    killed_at = 7  # three steps past the checkpoint of step 4
+    code, _ = _signal_at(config, tmp_path, "SIGKILL", killed_at)
+    assert code == -signal.SIGKILL
+    result = train(config)
+    killed, done = read_attempts(layout.run_dir(config))
+    assert killed["end"] == "killed" and killed["step"] == killed_at
+    assert done["resumed_from"] == 4
+    assert result.bill["steps_redone"] == killed_at - done["resumed_from"] == 3
+    assert killed["ended_at"] >= killed["heartbeat_at"]  # billed to its last step, not to its last heartbeat
 
 
 def test_a_start_that_fails_before_its_first_step_lets_go_and_is_not_billed_as_an_attempt(tmp_path):
