@@ -3,17 +3,13 @@ with a manifest, written where the data stage would put them."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
-from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.data.llmc import write_shard
-from gpt2.data.manifest import Manifest, ShardEntry
-from gpt2.identity import data_fingerprint
+from gpt2.data import synthetic
 from gpt2.overrides import resolve_config
 
 TINY = {
@@ -59,20 +55,9 @@ def write_dataset(config: Config, train_shards: int = 2, shard_tokens: int = 409
                   val_tokens: int = 1024, seed: int = 0) -> str:
     """Write shards + manifest.json for `config`; returns the manifest URL."""
     rng = np.random.default_rng(seed)
-    directory = layout.data_dir(config)
-    entries = []
     plan = [("val", val_tokens)] + [("train", shard_tokens)] * train_shards
-    for i, (split, n) in enumerate(plan):
-        buf = io.BytesIO()
-        sha = write_shard(buf, _tokens(rng, n))
-        name = f"{config.data.name}_{split}_{i:06d}.bin"
-        storage.write_bytes_atomic(storage.join(directory, name), buf.getvalue())
-        entries.append(ShardEntry(path=name, split=split, tokens=n, bytes=len(buf.getvalue()), sha256=sha))
-    manifest = Manifest(name=f"{config.data.name}-{data_fingerprint(config)[:12]}", fingerprint=data_fingerprint(config),
-                        tokenizer={"name": "gpt2"}, source={"kind": "synthetic", "seed": seed},
-                        data_config=config.data.model_dump(mode="json"), shards=entries)
-    storage.write_json_atomic(layout.manifest(config), manifest.model_dump(mode="json"))
-    return layout.manifest(config)
+    return synthetic.write_dataset(config, [(split, _tokens(rng, n)) for split, n in plan],
+                                   {"kind": "synthetic", "seed": seed})
 
 
 def write_run_json(config: Config, path: Path) -> Path:
