@@ -24,7 +24,7 @@ from gpt2.model import GPT
 from gpt2.preflight.__main__ import main
 from gpt2.preflight.report import ORDER
 from gpt2.train import memory
-from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
+from tests.gpt2.train.fixtures import TINY, saved_bytes, tiny_config, write_dataset
 
 LOCAL = ("devices", "data", "root", "disk", "lease", "tracking")
 """The checks that need no training step and no other rank."""
@@ -146,21 +146,24 @@ def _assert_only_data_failed(code: int, result: dict, name: str, others: list[st
     return detail
 
 
-def test_a_missing_shard_fails_the_data_check_naming_it(tmp_path, capsys):
+def _one_shard_to_damage(tmp_path):
+    """A good root, and the train shard a test damages: (root, its name, the other shards' names, its path)."""
     root, config = _ready(tmp_path)
     name = _train_shard(config)
     others = [e.path for e in load_manifest(layout.manifest(config)).shards if e.path != name]
-    _shard_path(config, name).unlink()
+    return root, name, others, _shard_path(config, name)
+
+
+def test_a_missing_shard_fails_the_data_check_naming_it(tmp_path, capsys):
+    root, name, others, path = _one_shard_to_damage(tmp_path)
+    path.unlink()
     code, result, _ = _preflight(capsys, root)
     detail = _assert_only_data_failed(code, result, name, others)
     assert "is missing" in detail
 
 
 def test_a_flipped_byte_fails_the_data_check_on_its_sha256(tmp_path, capsys):
-    root, config = _ready(tmp_path)
-    name = _train_shard(config)
-    others = [e.path for e in load_manifest(layout.manifest(config)).shards if e.path != name]
-    path = _shard_path(config, name)
+    root, name, others, path = _one_shard_to_damage(tmp_path)
     size = path.stat().st_size
     _flip_a_byte(path)
     assert path.stat().st_size == size
@@ -170,10 +173,7 @@ def test_a_flipped_byte_fails_the_data_check_on_its_sha256(tmp_path, capsys):
 
 
 def test_a_truncated_shard_fails_the_data_check_naming_its_size(tmp_path, capsys):
-    root, config = _ready(tmp_path)
-    name = _train_shard(config)
-    others = [e.path for e in load_manifest(layout.manifest(config)).shards if e.path != name]
-    path = _shard_path(config, name)
+    root, name, others, path = _one_shard_to_damage(tmp_path)
     size = path.stat().st_size
     path.write_bytes(path.read_bytes()[:-2])  # the last token gone
     code, result, _ = _preflight(capsys, root)
@@ -209,30 +209,12 @@ def test_an_unwritable_root_fails_the_root_check_naming_its_url(tmp_path, capsys
 # --- 6. memory ---------------------------------------------------------------
 
 
-def _saved_bytes(model: GPT, batch: int) -> int:
-    """What one forward pass at `batch` saves for backward, weights left out
-    (as the CPU emulation counts it)."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    sizes = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in weights:
-            sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    seq = model.config.block_size
-    x = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x[:, :-1], x[:, 1:], return_logits=False)
-    return sum(sizes.values())
-
-
 def test_a_micro_batch_that_does_not_fit_names_the_one_that_does(tmp_path, capsys):
     given = 8  # the tiny config's 8 sequences a step in one micro-batch
     root, config = _ready(tmp_path, {"train.micro_batch_size": given})
     model = GPT(config.model)
     # Halfway between what micro-batches of 4 and of 8 need: 8 cannot fit, 4 can.
-    half, full = _saved_bytes(model, given // 2), _saved_bytes(model, given)
+    half, full = saved_bytes(model, given // 2), saved_bytes(model, given)
     limit_mb = math.ceil((memory.static_bytes(model) + (half + full) / 2) / memory.MB)
     code, result, _ = _preflight(capsys, root, {"train.micro_batch_size": given, "runtime.memory_limit_mb": limit_mb})
     assert code == 1 and result["failed"] == ["memory"]

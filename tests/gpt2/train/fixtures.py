@@ -63,3 +63,23 @@ def write_dataset(config: Config, train_shards: int = 2, shard_tokens: int = 409
 def write_run_json(config: Config, path: Path) -> Path:
     path.write_text(json.dumps(config.model_dump(mode="json")))
     return path
+
+
+def saved_bytes(model, batch: int) -> int:
+    """What one forward pass of `model` at `batch` sequences of its block size
+    saves for backward, weights left out (as the CPU memory emulation counts it)."""
+    import torch
+
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    sizes = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    seq = model.config.block_size
+    x = torch.randint(0, model.config.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x[:, :-1], x[:, 1:], return_logits=False)
+    return sum(sizes.values())

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from gpt2.model import GPT
 from gpt2.train import memory
-from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.fixtures import saved_bytes, tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import run_to_end
 from tests.tiers import SCENARIO
 
@@ -23,23 +21,6 @@ SHAPE = {"model.n_layer": 48 // SCALE, "model.n_embd": 1600 // SCALE, "model.n_h
 RANKS, SEQS_PER_RANK, T = 2, 8, 64
 
 
-def _saved_bytes(model: GPT, batch: int) -> int:
-    """What one forward pass at `batch` saves for backward, weights left out
-    (as the CPU emulation counts it)."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    sizes = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in weights:
-            sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    x = torch.randint(0, model.config.vocab_size, (batch, T + 1), generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x[:, :-1], x[:, 1:], return_logits=False)
-    return sum(sizes.values())
-
-
 def test_the_size_auto_picks_survives_several_real_steps_under_the_limit(tmp_path):
     overrides = {**SHAPE, "model.block_size": T, "train.total_batch_tokens": RANKS * SEQS_PER_RANK * T,
                  "train.micro_batch_size": "auto", "train.max_steps": 4, "train.eval_every": 4,
@@ -49,7 +30,7 @@ def test_the_size_auto_picks_survives_several_real_steps_under_the_limit(tmp_pat
     # Halfway between what the whole per-rank batch and half of it need in
     # plain steps: the plain full size cannot fit, so the search must give
     # something up (the size, or a saver), and what it keeps is then trained.
-    half, full = _saved_bytes(model, SEQS_PER_RANK // 2), _saved_bytes(model, SEQS_PER_RANK)
+    half, full = saved_bytes(model, SEQS_PER_RANK // 2), saved_bytes(model, SEQS_PER_RANK)
     limit_mb = math.ceil((memory.static_bytes(model) + (half + full) / 2) / memory.MB)
     config = tiny_config(tmp_path, **overrides, **{"runtime.memory_limit_mb": limit_mb})
     write_dataset(config, val_tokens=2 * config.train.total_batch_tokens)
