@@ -25,7 +25,9 @@ def plan(
         "with --run, the devices the run trained on)."),
     price: Optional[float] = typer.Option(
         None, "--price-per-hour", help="Price of the whole machine per hour; without it the cost is not given."),
-    mfu: Optional[float] = typer.Option(None, "--mfu", help="Assumed model FLOPs utilization (default 0.4)."),
+    mfu: Optional[float] = typer.Option(
+        None, "--mfu", help="Model FLOPs utilization to assume (default: the newest measured on that GPU for the "
+        "preset in bench/results.jsonl, else 0.4)."),
     list_source: bool = typer.Option(
         False, "--list-source", help="List a remote data.source to size it (network, credentials); "
         "by default a remote source's size is estimated from the tokens trained."),
@@ -38,7 +40,7 @@ def plan(
     """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
     from gpt2 import plan_actual
     from gpt2.errors import UserError
-    from gpt2.plan import ASSUMED_MFU, make_plan
+    from gpt2.plan import make_plan
 
     config = load_config(preset, sets, root)
     nproc = config.runtime.nproc_per_node
@@ -47,7 +49,7 @@ def plan(
         if run:
             config = plan_actual.run_config(config, run)
             count = gpus or plan_actual.devices_of(config, run) or count
-        result = make_plan(config, gpu, count, price, ASSUMED_MFU if mfu is None else mfu, list_source)
+        result = make_plan(config, gpu, count, price, mfu, list_source)
         result["actual"] = plan_actual.compare(config, result, run, plan_actual.price_per_device(config, price, count))
     except UserError as err:
         fail(str(err))
@@ -96,7 +98,8 @@ def describe(p: dict[str, Any]) -> str:
         ("disk, data VM", f"{_gb(p['disk_data_vm_bytes'])} at the data stage's peak "
                           f"(runtime.keep_intermediate={p['keep_intermediate']})"),
         ("disk, GPU node", f"{_gb(p['disk_gpu_node_bytes'])}: {_gb(p['shard_bytes'])} of shards {node_ckpt}"),
-        ("throughput", f"{p['tokens_per_second']:,.0f} tokens/s at an assumed {p['assumed_mfu']:.0%} MFU"),
+        ("throughput", f"{p['tokens_per_second']:,.0f} tokens/s at {p['assumed_mfu']:.1%} MFU ({p['mfu_from']})"
+         .replace(".0% MFU", "% MFU")),
         ("time", f"{p['hours']:,.2f} h ({p['validation_passes']} validation passes included)"),
         ("GPU-hours", f"{p['gpu_hours']:,.2f}"),
         ("cost", cost),

@@ -123,12 +123,26 @@ def _source(config: Config, list_source: bool) -> tuple[SourceFiles, str]:
     return SourceFiles(url=src, format=fmt, files=(src,), sizes=(nbytes,)), "estimated from the tokens trained"
 
 
+def _mfu(config: Config, g: Gpu, given: float | None) -> tuple[float, str]:
+    """The MFU the plan uses, and where it comes from: given (--mfu), measured
+    on this GPU (gpt2.plan_measured), else ASSUMED_MFU."""
+    if given is not None:
+        return given, "given (--mfu)"
+    from gpt2.plan_measured import measured_mfu
+
+    found = measured_mfu(g, config.preset)
+    if found is not None:
+        return found
+    return ASSUMED_MFU, f"assumed: no measurement of {config.preset} on {g.name} in the GPU records"
+
+
 def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: float | None = None,
-              mfu: float = ASSUMED_MFU, list_source: bool = False) -> dict[str, Any]:
+              mfu: float | None = None, list_source: bool = False) -> dict[str, Any]:
     """The plan as a JSON-able dict (bytes in bytes, time in hours, cost in the
     price's currency, None without a price)."""
     if gpus < 1:
         raise PlanError(f"--gpus must be at least 1, got {gpus}")
+    mfu, mfu_from = _mfu(config, gpu(gpu_name), mfu)
     if not 0 < mfu <= 1:
         raise PlanError(f"the assumed MFU must lie in (0, 1], got {mfu}")
     if price_per_hour is not None and price_per_hour < 0:
@@ -191,6 +205,7 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "peak_flops": g.peak_flops,
         "gpu_memory_gib": g.memory_gib,
         "assumed_mfu": mfu,
+        "mfu_from": mfu_from,
         "params": n_params,
         "flops_per_token": flops_per_token,
         "steps": t.max_steps,

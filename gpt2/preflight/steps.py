@@ -18,7 +18,7 @@ from gpt2 import compile_cache
 from gpt2.config import Config
 from gpt2.distributed import DistEnv, amp_dtype
 from gpt2.model import GPT
-from gpt2.plan import ASSUMED_MFU, EVAL_FLOPS_FRACTION, count_every, gpu_of_device, make_plan, model_size
+from gpt2.plan import EVAL_FLOPS_FRACTION, count_every, gpu_of_device, make_plan, model_size
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
 from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
@@ -204,24 +204,25 @@ def throughput_check(config: Config, env: DistEnv, run: StepRun, steps_note: str
               + (f", MFU {util:.1%}" if util is not None else "") + f"); {steps:,} steps"
               + (f" ({steps_note})" if steps_note else "") + f" project to {hours:.2f} h"
               + (f", cost {cost:,.2f}" if cost is not None else ", cost unknown (set runtime.price_per_hour)"))
-    plan_tok_s = _plan_tokens_per_second(config, env)
-    if plan_tok_s is None:
+    plan = _plan(config, env)
+    if plan is None:
         return Outcome(detail + "; gpt2 plan has no estimate for this device", figures)
-    figures["plan_tokens_per_second"] = plan_tok_s
-    detail += f"; gpt2 plan expects {plan_tok_s:,.0f} tokens/s (at {ASSUMED_MFU:.0%} MFU)"
+    plan_tok_s = figures["plan_tokens_per_second"] = plan["tokens_per_second"]
+    detail += f"; gpt2 plan expects {plan_tok_s:,.0f} tokens/s (at {plan['assumed_mfu']:.1%} MFU, {plan['mfu_from']})"
     if tok_s < plan_tok_s / 2:
         raise Warned(detail + ": under half of the plan. Check that nothing else uses the GPU (nvidia-smi), "
                      "runtime.compile, and the micro-batch (train.micro_batch_size=auto)", **figures)
     return Outcome(detail, figures)
 
 
-def _plan_tokens_per_second(config: Config, env: DistEnv) -> float | None:
+def _plan(config: Config, env: DistEnv) -> dict | None:
+    """`gpt2 plan` of this run on this GPU model (None: a device its table does not know)."""
     if env.device.type != "cuda":
         return None
     known = gpu_of_device(torch.cuda.get_device_name(env.device))
-    if known is None:  # a GPU the plan's table does not know
+    if known is None:
         return None
-    return make_plan(config, known.name, gpus=env.world_size)["tokens_per_second"]
+    return make_plan(config, known.name, gpus=env.world_size)
 
 
 def step_checks(report, config: Config, env: DistEnv, steps: int, steps_note: str | None) -> StepRun | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt2.plan_measured import RESULTS_ENV
 from tests.cli.plan_process import gpt2_plan
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
@@ -17,12 +18,13 @@ pytestmark = pytest.mark.xdist_group("plan_command")
 REQUIRED = {"tokens", "steps", "gpu_hours", "cost", "micro_batch_size"}
 
 
-def _run(*args: str, root: Path) -> subprocess.CompletedProcess:
-    return gpt2_plan(root, *args)
+def _run(*args: str, root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    # No measured figures unless a test gives them: the plan's own assumption (gpt2.plan_measured).
+    return gpt2_plan(root, *args, env={RESULTS_ENV: str(root / "no-records.jsonl"), **(env or {})})
 
 
-def _plan(*args: str, root: Path) -> dict:
-    out = _run(*args, "--json", root=root)
+def _plan(*args: str, root: Path, env: dict | None = None) -> dict:
+    out = _run(*args, "--json", root=root, env=env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -41,7 +43,7 @@ def test_keys_and_arithmetic(h100x8):
     p = h100x8
     assert REQUIRED <= set(p)
     assert p["steps"] == 19_073 and p["tokens"] == 19_073 * 524_288
-    assert p["gpu"] == "H100" and p["gpus"] == 8 and p["assumed_mfu"] == 0.4
+    assert p["gpu"] == "H100" and p["gpus"] == 8 and p["assumed_mfu"] == 0.4 and p["mfu_from"].startswith("assumed")
     assert p["gpu_hours"] == pytest.approx(p["hours"] * 8)
     assert p["cost"] == pytest.approx(p["hours"] * 25)
     # Time is the FLOPs of the training tokens and the forward-only validation
@@ -105,3 +107,27 @@ def test_unknown_gpu_names_the_known_ones(root):
 def test_gpu_count_must_split_the_batch(root):
     out = _run("--preset", "gpt2-124m", "--gpus", "3", root=root)
     assert out.returncode == 1 and "multiple of" in out.stderr
+
+
+def test_a_measured_mfu_on_that_gpu_replaces_the_assumption_and_says_where_it_comes_from(root, h100x8):
+    """#33: the newest record of the preset on that GPU model wins; another GPU, another preset,
+    a torn line and an older record do not count; --mfu still decides."""
+    records = root / "records.jsonl"
+    line = {"date": "2026-11-26T10:00:00+00:00", "commit": "abcdef1234", "device": "NVIDIA H100 80GB HBM3",
+            "torch": "2.11.0+cu130", "bench": "preflight", "figures": {"preset": "gpt2-124m", "mfu": 0.5}}
+    older = {**line, "date": "2026-11-20T10:00:00+00:00", "figures": {"preset": "gpt2-124m", "mfu": 0.3}}
+    other_gpu = {**line, "date": "2026-11-27T10:00:00+00:00", "device": "NVIDIA A100-SXM4-80GB"}
+    other_preset = {**line, "date": "2026-11-27T10:00:00+00:00", "figures": {"preset": "gpt2-350m", "mfu": 0.6}}
+    records.write_text("\n".join([json.dumps(older), json.dumps(line), "{torn", json.dumps(other_gpu),
+                                   json.dumps(other_preset)]) + "\n")
+    env = {RESULTS_ENV: str(records)}
+    p = _plan("--preset", "gpt2-124m", "--gpu", "H100", "--gpus", "8", "--price-per-hour", "25", root=root, env=env)
+    assert p["assumed_mfu"] == 0.5 and "preflight of gpt2-124m on one NVIDIA H100" in p["mfu_from"]
+    assert "abcdef1" in p["mfu_from"] and "2026-11-26" in p["mfu_from"]
+    assert p["hours"] == pytest.approx(h100x8["hours"] * 0.4 / 0.5)  # the same FLOPs at the measured rate
+    text = _run("--preset", "gpt2-124m", "--gpu", "H100", root=root, env=env).stdout
+    assert "at 50% MFU (measured: preflight of gpt2-124m" in text
+    given = _plan("--preset", "gpt2-124m", "--gpu", "H100", "--mfu", "0.25", root=root, env=env)
+    assert given["assumed_mfu"] == 0.25 and given["mfu_from"] == "given (--mfu)"
+    a100 = _plan("--preset", "gpt2-774m", "--gpu", "A100", root=root, env=env)
+    assert a100["assumed_mfu"] == 0.4 and a100["mfu_from"].startswith("assumed: no measurement of gpt2-774m on A100")
