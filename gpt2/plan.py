@@ -29,7 +29,7 @@ from gpt2.errors import UserError
 from gpt2.kill_window import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.model import GPT
 from gpt2.steps import planned_steps
-from gpt2.train.memory import estimate_step_bytes
+from gpt2.train.memory import estimate_multi_rank_bytes, estimate_step_bytes
 from gpt2.train.session import check_batch_shape
 from gpt2.train.step import MemorySettings, configured, memory_candidates, micro_batch_candidates
 from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of
@@ -160,7 +160,8 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
 
     def step_bytes(batch: int, saving: MemorySettings) -> int:
         return estimate_step_bytes(n_params, m.n_layer, m.n_embd, m.vocab_size, batch * m.block_size,
-                                   gpus if saving.shard_optimizer else 1, saving.recompute, t.optimizer)
+                                   gpus if saving.shard_optimizer else 1, saving.recompute,
+                                   t.optimizer) + estimate_multi_rank_bytes(gpus)
 
     auto, rt = t.micro_batch_size == "auto", config.runtime
     if auto:

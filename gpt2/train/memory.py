@@ -207,6 +207,23 @@ def steady_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ddp: 
             buckets.remove()
 
 
+NCCL_RESERVE_BYTES = 512 * MB
+"""What NCCL's communicators hold on each GPU of a multi-rank run beside the
+step (channels × buffers per peer; a few hundred MB on 8 GPUs): the probe
+keeps this much aside, and `gpt2 plan` counts it."""
+
+
+@contextlib.contextmanager
+def communication_reserve(device: torch.device, world_size: int) -> Iterator[None]:
+    """Hold NCCL's share of a GPU during the micro-batch probe (CUDA, several ranks)."""
+    held = torch.empty(NCCL_RESERVE_BYTES, dtype=torch.uint8, device=device) \
+        if device.type == "cuda" and world_size > 1 else None
+    try:
+        yield
+    finally:
+        del held
+
+
 def release(device: torch.device) -> None:
     """Give freed blocks back after an OOM so the next, smaller try starts clean."""
     gc.collect()
@@ -267,6 +284,11 @@ def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: in
     if optimizer == "muon":  # one fp32 buffer instead of two moments for each matrix
         static -= 4 * 12 * n_embd * n_embd * n_layer / optimizer_shards
     return int(RESERVED_BYTES + static + FRAGMENTATION * per_token * tokens)
+
+
+def estimate_multi_rank_bytes(ranks: int) -> int:
+    """What `estimate_step_bytes` leaves out with several ranks: NCCL's buffers."""
+    return NCCL_RESERVE_BYTES if ranks > 1 else 0
 
 
 def oom_message(config: Config, micro_batch: int, device: torch.device, step: int, err: Exception) -> str:

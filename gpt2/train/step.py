@@ -155,16 +155,19 @@ def memory_candidates(seqs_per_rank: int, shard_optimizer: bool | str, recompute
 
 
 def _probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
-           seq_len: int, vocab: int, ctx: StepContext) -> None:
+           seq_len: int, vocab: int, ctx: StepContext, accumulating: bool = False) -> None:
     """A real forward, backward and optimizer step at (batch, seq_len), in
     the memory of a step from step 2 on (memory.steady_state): AdamW's
-    moments already resident and, when training runs under DDP, its gradient
-    buckets too."""
+    moments already resident and, when training runs under DDP or
+    accumulates several micro-batches a step (`accumulating`: from the second
+    micro-batch on, every gradient is there before the forward), the
+    gradients too; and on CUDA with several ranks, NCCL's buffers."""
     # A private generator: the search must not move the global RNG, so a run
     # with `auto` trains exactly like one given the chosen size.
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(ctx.env.device)
-    with memory.steady_state(model, optimizer, ddp=ctx.env.is_distributed):
+    with memory.steady_state(model, optimizer, ddp=ctx.env.is_distributed or accumulating), \
+            memory.communication_reserve(ctx.env.device, ctx.env.world_size):
         train_step(model, model, optimizer, [(x[:, :-1], x[:, 1:])],
                    StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb))
         synchronize(ctx.env.device)
@@ -216,7 +219,7 @@ def find_memory_fit(model: torch.nn.Module, make_opt: Callable[[bool], torch.opt
             model.recompute = settings.recompute
             optimizer = make_opt(settings.shard_optimizer)
             try:
-                _probe(model, local_part(optimizer), batch, seq_len, vocab, ctx)
+                _probe(model, local_part(optimizer), batch, seq_len, vocab, ctx, accumulating=batch < seqs_per_rank)
                 choice = i
                 break
             except torch.OutOfMemoryError:
