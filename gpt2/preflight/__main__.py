@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from gpt2.preflight.report import Check
+from gpt2.secrets import redact
 
 log = logging.getLogger("gpt2.preflight")
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         config = (Config.model_validate(json.loads(args.config.read_text())) if args.config else
                   resolve_config(args.preset, args.sets, root=args.root))
     except (ConfigError, ValidationError, OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     if "WORLD_SIZE" not in os.environ:
         from gpt2.distributed import resolve_nproc, visible_gpus
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = sys.stderr if args.as_json else sys.stdout
     if rank == 0:
-        print(f"preflight of {config.preset} for root {config.runtime.root}"
+        print(f"preflight of {config.preset} for root {redact(config.runtime.root)}"
               + (" (--synthetic: random tokens, the data is not checked)" if args.synthetic else ""), file=out)
     report = preflight(config, synthetic=args.synthetic, steps=args.steps, join_timeout_s=args.join_timeout,
                        show=_show(out))
