@@ -1,5 +1,5 @@
 """A preempted attempt's start-up, cold and warm: a compiled run is SIGKILLed
-once its first checkpoint is complete, then restarted with a fresh, empty
+once its second checkpoint is complete, then restarted with a fresh, empty
 inductor cache directory (as on a new machine), and each attempt's start-up
 parts (the attempt records' `startup_parts`) are printed side by side with
 the ratio warm/cold of the compile part and of the whole start-up.
@@ -42,14 +42,19 @@ def _config(args: argparse.Namespace, root: Path):
     }, root=str(root / "root"))
 
 
-def _attempt(run_json: Path, cache: Path, env: dict, kill_after_checkpoint: str | None) -> int:
+KILL_AFTER_STEP = 4
+"""The second checkpoint (one every 2 steps)."""
+
+
+def _attempt(run_json: Path, cache: Path, env: dict, kill_in: str | None) -> int:
     """One attempt in a fresh process with its own (empty) inductor cache; with
-    `kill_after_checkpoint` (the run's directory) it is SIGKILLed once a
-    checkpoint is complete there."""
+    `kill_in` (the run's directory) it is SIGKILLed once the checkpoint of
+    step KILL_AFTER_STEP is complete there."""
     proc = subprocess.Popen([sys.executable, "-m", "gpt2.train", "--config", str(run_json)],
                             env={**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, stdout=subprocess.DEVNULL)
-    while kill_after_checkpoint and proc.poll() is None:
-        if catalog.latest_checkpoint(kill_after_checkpoint):
+    while kill_in and proc.poll() is None:
+        latest = catalog.latest_checkpoint(kill_in)
+        if latest and int(latest.rstrip("/").rsplit("step_", 1)[1]) >= KILL_AFTER_STEP:
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.2)
@@ -60,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cuda", action="store_true", help="on the GPU (default: CPU)")
     p.add_argument("--preset", default="smoke")
-    p.add_argument("--steps", type=int, default=6, help="the run's train.max_steps (a checkpoint every 2)")
+    p.add_argument("--steps", type=int, default=6, help="the run's train.max_steps (a checkpoint every 2; > 4)")
     p.add_argument("--record", action="store_true", help="append the figures to bench/results.jsonl (GPU only)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
                "GPT2_COMPILE_CACHE_SECRET": secrets.token_hex(16)}
         run_dir = layout.run_dir(config)
         code = _attempt(run_json, root / "cache-cold", env, run_dir)
-        print(f"attempt 1: killed after its first checkpoint (exit {code}); attempt 2: an empty compiler cache",
+        print(f"attempt 1: killed after its second checkpoint (exit {code}); attempt 2: an empty compiler cache",
               file=sys.stderr)
         code = _attempt(run_json, root / "cache-warm", env, None)
         if code != 0:

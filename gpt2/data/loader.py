@@ -110,6 +110,15 @@ class TrainLoader:
         return later[0] if later else self.usable[0]
 
 
+def first_reads(manifest, total_batch_tokens: int, state: dict | None) -> list:
+    """The shards a run reads first: the val split's first shard, and the train
+    shard its loader starts in (`state`: the checkpoint's loader state, if any),
+    for a prefetch while the model is built, probed and compiled."""
+    train = [s for s in manifest.split("train") if s.tokens >= total_batch_tokens + 1]
+    start = manifest.split("train")[state["shard"]] if state else (train[0] if train else None)
+    return [s for s in (manifest.split("val")[:1] + [start]) if s is not None]
+
+
 def host_tensor(tokens: np.ndarray, device: torch.device) -> torch.Tensor:
     """`tokens` as int64 on the host, in pinned memory when they go to a GPU:
     a copy from pinned memory with non_blocking=True is really asynchronous."""

@@ -21,7 +21,7 @@ from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.checkpoint.optim_load import rank_state
 from gpt2.config import Config
-from gpt2.data.loader import TrainLoader, val_batches
+from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
 from gpt2.data.shard_source import ShardSource
 from gpt2.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
@@ -247,9 +247,12 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     with part("data"):
         manifest = load_manifest(url)
         check_shard_sizes(url, manifest)  # a shard lost or cut short fails now, not when the run reaches it
+        source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
     seqs_per_rank = check_batch_shape(config, env.world_size)
     with part("checkpoint"):
         ckpt = resume_from(config, env, fresh, lease.check if lease else None)
+    for entry in first_reads(manifest, config.train.total_batch_tokens, ckpt.state.get("loader") if ckpt else None):
+        source.prefetch(entry)  # a remote root's first shards download while the model is built, probed, compiled
     known = (train_fingerprint(config), legacy_train_fingerprint(config))
     if ckpt and ckpt.state.get("train_fingerprint", known[0]) not in known:
         raise TrainingError(f"checkpoint {ckpt.url} belongs to another training identity; "
@@ -285,7 +288,6 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
         model = wrap_ddp(model, raw, env)
 
     with part("data"):
-        source = ShardSource(url, manifest, layout.shard_cache_dir(config, manifest.name, manifest.fingerprint), env)
         loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
         if ckpt and "loader" in ckpt.state:
             loader.load_state_dict(ckpt.state["loader"])

@@ -199,3 +199,38 @@ def test_closing_the_source_stops_prefetching(remote, tmp_path):
     for _ in range(3):  # the shard a prefetch may not have fetched is fetched when needed
         ld.next_batches()
     assert ld.position.shard == 1
+
+
+def test_a_run_fetches_its_first_shards_while_its_model_is_built_and_probed(tmp_path, monkeypatch):
+    """#28: the val split's first shard and the train shard the loader starts in
+    are asked for right after the checkpoint is chosen, before the micro-batch
+    probe (and the compile), instead of by the first step."""
+    from gpt2.train import session
+    from gpt2.train.run import train
+
+    root = f"memory://first-reads-{uuid.uuid4().hex[:8]}"
+    config = tiny_config(root, **{"runtime.work_dir": str(tmp_path / "work"), "train.max_steps": 2,
+                                  "train.checkpoint_every": 2, "train.eval_every": 2, "tracking.enabled": False})
+    manifest = load_manifest(write_dataset(config))
+    expected = [manifest.split("val")[0].path, manifest.split("train")[0].path, "probe"]
+    events = []
+    prefetch, probe = ShardSource.prefetch, session.choose_micro_batch
+    monkeypatch.setattr(ShardSource, "prefetch", lambda self, e: events.append(e.path) or prefetch(self, e))
+    monkeypatch.setattr(session, "choose_micro_batch", lambda *a: events.append("probe") or probe(*a))
+    try:
+        assert train(config).steps == 2
+    finally:
+        storage.remove(root, recursive=True)
+    assert events[:3] == expected
+
+
+def test_a_resumed_run_prefetches_the_train_shard_its_loader_stands_in(remote):
+    from gpt2.data.loader import first_reads
+
+    manifest = load_manifest(remote)
+    train = manifest.split("train")
+    assert first_reads(manifest, 256, None) == [manifest.split("val")[0], train[0]]
+    assert first_reads(manifest, 256, {"shard": 2, "offset": 512, "epoch": 0}) == [manifest.split("val")[0], train[2]]
+    # A shard too short for one global batch is never the first the loader reads.
+    assert first_reads(manifest, 999, None) == [manifest.split("val")[0], train[0]]
+    assert first_reads(manifest, 1000, None) == [manifest.split("val")[0]]
