@@ -4,6 +4,8 @@ browser lands on the training runs rather than MLflow 3.17's GenAI view."""
 
 from __future__ import annotations
 
+import socket
+
 from mlflow import MlflowClient
 
 from cli.stack import commands
@@ -25,6 +27,14 @@ def test_the_stack_link_opens_the_runs_table_of_the_experiment_the_stages_use(tm
 
 
 def test_an_unreachable_mlflow_leaves_the_bare_address(tmp_path, monkeypatch):
+    """The stack's MLflow server not answering (a closed port: what `up` meets).
+    Not a broken SQLite URI: MLflow retries building such a store for minutes
+    inside its process-wide store lock, which stalled every later MLflow use
+    of the test worker (a data-flow test took 86 s instead of 14)."""
     monkeypatch.setattr(commands, "LINK_LOOKUP_S", 0.5)  # MLflow's client would retry for minutes
-    bad = f"sqlite:///{tmp_path / 'missing-dir' / 'x' / 'y'}/\0"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # and its thread, left behind, ends at once
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing answers there
+    bad = f"http://127.0.0.1:{port}"
     assert _runs_page(bad, (tmp_path / "root").as_uri()) == bad
