@@ -47,6 +47,14 @@ def test_code_sees_its_arguments_environment_and_directory(interpreters, tmp_pat
     assert outs["warm"] == outs["fresh"] == f"['-c', 'a', 'b'] yes {tmp_path} True\n"
 
 
+def _alive(pid: int) -> bool:
+    """Running and not a zombie; a process that goes between the two questions is gone."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_ends_the_child_and_the_proxy_ends_as_it_did(interpreters, sig):
     codes = {}
@@ -58,7 +66,7 @@ def test_a_signal_ends_the_child_and_the_proxy_ends_as_it_did(interpreters, sig)
         codes[name] = proc.wait(timeout=30)
         # Once the proxy is reaped, its child is gone too (SIGKILL: taken with it).
         deadline = time.monotonic() + 5
-        while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        while _alive(child):
             assert time.monotonic() < deadline, f"{name}: the child outlived its proxy"
             time.sleep(0.01)
     # SIGINT too: the uncaught KeyboardInterrupt ends the interpreter by SIGINT.
