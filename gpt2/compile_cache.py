@@ -35,6 +35,7 @@ import platform
 import posixpath
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -96,10 +97,10 @@ def secret(config: Config) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(f".{os.getpid()}.tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(os.urandom(32).hex().encode())
-        os.replace(path.with_suffix(f".{os.getpid()}.tmp"), path)  # two first attempts: one secret wins, both read it
+        os.replace(tmp, path)  # two first attempts: one secret wins, both read it
         return path.read_bytes()
 
 
@@ -236,3 +237,28 @@ def load(config: Config, fields: dict) -> str:
         return "refused"
     log.info("compiled program loaded from %s (%d files): the first step starts warm", url, len(files))
     return "loaded"
+
+
+@dataclass
+class Travel:
+    """One attempt's compiled program (the trainer's, the preflight's): loaded
+    from the run before the first step, or saved to it after."""
+
+    fields: dict
+    status: str
+    """`loaded`, `absent` or `refused` before the first step; `saved` once this attempt saved it."""
+    since: float
+    """When this attempt's compilation could begin (the files it adds are newer)."""
+
+    @classmethod
+    def begin(cls, config: Config, device: torch.device, micro_batch: int, recompute: bool,
+              world_size: int) -> Travel:
+        """Before the first step: the run's program for this key, loaded when it is there."""
+        fields = key_fields(config, device, micro_batch, recompute, world_size)
+        return cls(fields, load(config, fields), time.time())
+
+    def after_first_step(self, config: Config, is_main: bool) -> None:
+        """Rank 0 saves the program this attempt compiled, unless it was loaded (a refused one is replaced)."""
+        if self.status != "loaded" and is_main and save(config, self.fields, self.since,
+                                                        replace=self.status == "refused"):
+            self.status = "saved"

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gpt2.data.llmc import ShardError
+from gpt2.data.manifest import Manifest, ShardEntry
 from gpt2.data.shard_source import ShardSource
 from gpt2.distributed import DistEnv
 
@@ -47,7 +48,7 @@ class TrainLoader:
         self.seqs_per_rank = total_batch_tokens // (seq_len * env.world_size)
         self.micro_batch = micro_batch
         self.shards = source.manifest.split("train")
-        self.usable = [i for i, s in enumerate(self.shards) if s.tokens >= self.window + 1]
+        self.usable = usable_shards(self.shards, self.window)
         if not self.usable:
             raise ShardError(
                 f"no train shard holds one global batch ({self.window + 1} tokens); "
@@ -110,12 +111,18 @@ class TrainLoader:
         return later[0] if later else self.usable[0]
 
 
-def first_reads(manifest, total_batch_tokens: int, state: dict | None) -> list:
+def usable_shards(shards: list[ShardEntry], window: int) -> list[int]:
+    """The train shards (their indices) that hold one global batch of `window` tokens and its target."""
+    return [i for i, s in enumerate(shards) if s.tokens >= window + 1]
+
+
+def first_reads(manifest: Manifest, total_batch_tokens: int, state: dict | None) -> list[ShardEntry]:
     """The shards a run reads first: the val split's first shard, and the train
     shard its loader starts in (`state`: the checkpoint's loader state, if any),
     for a prefetch while the model is built, probed and compiled."""
-    train = [s for s in manifest.split("train") if s.tokens >= total_batch_tokens + 1]
-    start = manifest.split("train")[state["shard"]] if state else (train[0] if train else None)
+    train = manifest.split("train")
+    usable = usable_shards(train, total_batch_tokens)
+    start = train[state["shard"]] if state else (train[usable[0]] if usable else None)
     return [s for s in (manifest.split("val")[:1] + [start]) if s is not None]
 
 

@@ -88,10 +88,10 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
     out.shard_optimizer, out.recompute = mem.shard_optimizer, mem.recompute
     out.compiled = resolve_compile(rt.compile, env.device)
     optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
-    fields = compile_cache.key_fields(config, env.device, micro, mem.recompute, env.world_size)
-    if out.compiled:  # the run's own program: loaded when an attempt saved it, else saved here for the run
-        out.compile_cache = compile_cache.load(config, fields)
-    since = time.time()
+    # The run's own program: loaded when an attempt saved it, else saved here for the run.
+    travel = compile_cache.Travel.begin(config, env.device, micro, mem.recompute, env.world_size) \
+        if out.compiled else None
+    out.compile_cache = travel.status if travel else None
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = wrap_ddp(model, raw, env)
@@ -106,9 +106,9 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
             seconds = time.perf_counter() - started
             if i == 0:
                 out.first_step_s = seconds
-                if out.compiled and out.compile_cache != "loaded" and env.is_main and compile_cache.save(
-                        config, fields, since, replace=out.compile_cache == "refused"):
-                    out.compile_cache = "saved"
+                if travel is not None:
+                    travel.after_first_step(config, env.is_main)
+                    out.compile_cache = travel.status
             else:
                 out.step_s.append(seconds)
     except torch.OutOfMemoryError as err:

@@ -10,7 +10,6 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from gpt2 import compile_cache
 from gpt2.config import Config
 from gpt2.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.steps import with_resolved_steps
@@ -77,7 +76,8 @@ class _Warmup:
             self.loop.tracker.log_metrics({"perf/warmup_s": first[1]}, step=info.step)
             self.clock.first_step(first[1], time.time())
             self.attempt.startup(self.clock.as_dict(), write=False)  # written with the first step's record
-            _save_compiled(self.loop.s)
+            if self.loop.s.compile_cache is not None:  # for the next attempt, on any machine
+                self.loop.s.compile_cache.after_first_step(self.loop.cfg, self.loop.s.env.is_main)
         elif first is not None and not self.steady and info.tokens_per_second:
             self.steady = True
             self.clock.steady_step(self.loop.cfg.train.total_batch_tokens / info.tokens_per_second, self.compiling)
@@ -86,16 +86,6 @@ class _Warmup:
             self.loop.tracker.log_metrics({f"startup/{k}": v for k, v in parts.items()}, step=info.step)
         if self.progress is not None:
             self.progress(info)
-
-
-def _save_compiled(session) -> None:
-    """After the first compiled step, rank 0 saves the program for the next
-    attempt (gpt2.compile_cache), unless it was loaded from there."""
-    cache = session.compile_cache
-    if cache is None or cache.status == "loaded" or not session.env.is_main:
-        return
-    if compile_cache.save(session.config, cache.fields, cache.since, replace=cache.status == "refused"):
-        cache.status = "saved"
 
 
 def _warmup_s(loop: Loop) -> float | None:

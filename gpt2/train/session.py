@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -59,17 +58,8 @@ class Session:
     """This run's lease, held by rank 0 (gpt2.checkpoint.lease)."""
     memory: MemorySettings = field(default_factory=MemorySettings)
     """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
-    compile_cache: CompileCache | None = None
+    compile_cache: compile_cache.Travel | None = None
     """The compiled program's travel (gpt2.compile_cache); None when not compiling."""
-
-
-@dataclass
-class CompileCache:
-    fields: dict
-    status: str
-    """`loaded`, `absent` or `refused` before the first step; `saved` once this attempt saved it."""
-    since: float
-    """When this attempt's compilation could begin (the files it adds are newer)."""
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -280,9 +270,8 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
             restore_rng(ckpt.rng, env.device)
     cache = None
     if resolve_compile(config.runtime.compile, env.device):
-        fields = compile_cache.key_fields(config, env.device, micro, mem.recompute, env.world_size)
         with part("compile"):
-            cache = CompileCache(fields, compile_cache.load(config, fields), time.time())
+            cache = compile_cache.Travel.begin(config, env.device, micro, mem.recompute, env.world_size)
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = wrap_ddp(model, raw, env)
