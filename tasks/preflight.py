@@ -29,7 +29,7 @@ def preflight_first(config: Config, parent_run_id: str | None = None) -> dict[st
     try:
         result, failed = run_child(config, logger.info), None
     except PreflightFailed as err:
-        result, failed = getattr(err, "result", None), err
+        result, failed = err.result, err
     if result is not None:
         _track(config, result, parent_run_id)
     if failed is not None:

@@ -21,6 +21,11 @@ class PreflightFailed(UserError):
     """A preflight check found what stops the run: the message lists the failed
     checks with what to change. Not a preemption: never retried or rescheduled."""
 
+    def __init__(self, message: str, result: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.result = result
+        """The preflight's JSON result (None: it ended without one)."""
+
 
 def run_child(config: Config, log_line: Callable[[str], None]) -> dict[str, Any]:
     """The preflight of `config` in a child; its JSON result. Every line it
@@ -54,8 +59,6 @@ def run_child(config: Config, log_line: Callable[[str], None]) -> dict[str, Any]
                               + "\n".join(last))
     if code != 0 or not result.get("ok"):
         failed = [f"{name}: {c['detail']}" for name, c in result["checks"].items() if c["status"] == "fail"]
-        err = PreflightFailed("the preflight found what would stop this run on this machine (train.preflight=false "
-                              "skips it): " + " | ".join(failed or [f"exit code {code}"]))
-        err.result = result
-        raise err
+        raise PreflightFailed("the preflight found what would stop this run on this machine (train.preflight=false "
+                              "skips it): " + " | ".join(failed or [f"exit code {code}"]), result)
     return result
