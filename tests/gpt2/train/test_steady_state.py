@@ -45,33 +45,17 @@ def _backward(model, batches) -> None:
         loss.backward()
 
 
-def test_the_probe_steps_with_adamw_state_already_resident():
-    model = _model()
-    made, seen = [], []
-    # What the optimizer holds each time the probe's forward pass starts.
-    model.register_forward_pre_hook(lambda m, args: seen.append(
-        {k for p in m.parameters() for k in made[-1].state.get(p, {})}))
-
-    def make():
-        made.append(make_optimizer(model, TrainConfig(), "cpu"))
-        return made[-1]
-
-    # A size that fits at once, and one found after halving: every try ran with the moments in place.
-    for limit_mb in (4096, 30):
-        seen.clear()
-        find_micro_batch(model, make, 12, CFG.block_size, 50304, StepContext(CPU, None, 1.0, memory_limit_mb=limit_mb))
-        assert seen and all({"exp_avg", "exp_avg_sq", "step"} <= keys for keys in seen)
-
-
-def test_a_probe_for_an_accumulating_step_holds_every_gradient_before_its_forward_pass(monkeypatch):
-    """One rank, no DDP: a micro-batch smaller than the rank's share of the step
-    means several micro-batches a step, and from the second on every gradient
-    is resident before the forward pass; a probe that let backward allocate
-    them one by one would pick a size the real step's later micro-batches
-    cannot hold (#31). The whole share in one micro-batch holds none beforehand."""
+def test_the_probe_steps_with_adamw_state_and_an_accumulating_steps_gradients_already_resident(monkeypatch):
+    """Every try of the probe starts its forward pass with AdamW's moments in
+    place. And on one rank, no DDP: a micro-batch smaller than the rank's share
+    of the step means several micro-batches a step, and from the second on
+    every gradient is resident before the forward pass; a probe that let
+    backward allocate them one by one would pick a size the real step's later
+    micro-batches cannot hold (#31). The whole share in one micro-batch holds
+    none beforehand."""
     model = _model()
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    buckets, resident = [], []
+    made, seen, buckets, resident = [], [], [], []
 
     class Recorded(memory.GradientBuckets):  # the real buffers, remembered
         def __init__(self, params):
@@ -79,18 +63,26 @@ def test_a_probe_for_an_accumulating_step_holds_every_gradient_before_its_forwar
             buckets.append(self)
 
     monkeypatch.setattr(memory, "GradientBuckets", Recorded)
-    # Gradient bytes held for the step when each probe's forward pass starts.
-    model.register_forward_pre_hook(lambda m, args: resident.append(
-        sum(b.numel() for b in buckets[-1].buffers.values()) if buckets else 0))
+
+    def before_forward(m, args):
+        # What the optimizer holds, and the gradient bytes held for the step, as each forward pass starts.
+        seen.append({k for p in m.parameters() for k in made[-1].state.get(p, {})})
+        resident.append(sum(b.numel() for b in buckets[-1].buffers.values()) if buckets else 0)
+
+    model.register_forward_pre_hook(before_forward)
 
     def make():
-        return make_optimizer(model, TrainConfig(), "cpu")
+        made.append(make_optimizer(model, TrainConfig(), "cpu"))
+        return made[-1]
 
-    # 12 sequences a step: 12 fits at once (one micro-batch); under a tight limit only a smaller one does.
+    # 12 sequences a step: 12 fits at once (one micro-batch); under a tight limit only a smaller
+    # one does, found after halving.
     for limit_mb, accumulates in ((4096, False), (30, True)):
+        seen.clear()
         resident.clear()
         chosen = find_micro_batch(model, make, 12, CFG.block_size, 50304,
                                   StepContext(CPU, None, 1.0, memory_limit_mb=limit_mb))
+        assert seen and all({"exp_avg", "exp_avg_sq", "step"} <= keys for keys in seen)
         assert (int(chosen) < 12) is accumulates
         assert resident[-1] == (n_params if accumulates else 0)  # the try that fit
     assert all(p.grad is None for p in model.parameters())  # the probe leaves no gradient behind
