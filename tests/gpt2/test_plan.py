@@ -59,3 +59,35 @@ def test_plan_of_the_smoke_preset(smoke_config):
     assert p["cost"] == pytest.approx(p["hours"] * 10.0)
     with pytest.raises(PlanError, match="does not divide"):
         make_plan(smoke_config(**{"train.micro_batch_size": 3}), "H100")
+
+
+def test_a_measured_mfu_on_that_gpu_replaces_the_assumption_and_says_where_it_comes_from(tmp_path, monkeypatch):
+    """#33: the newest record of the preset on that GPU model wins; another GPU, another preset,
+    a torn line and an older record do not count; --mfu still decides; without a record, 40%."""
+    import json
+
+    from gpt2.overrides import resolve_config
+    from gpt2.plan_measured import RESULTS_ENV
+
+    records = tmp_path / "records.jsonl"
+    line = {"date": "2026-11-26T10:00:00+00:00", "commit": "abcdef1234", "device": "NVIDIA H100 80GB HBM3",
+            "torch": "2.11.0+cu130", "bench": "preflight", "figures": {"preset": "gpt2-124m", "mfu": 0.5}}
+    older = {**line, "date": "2026-11-20T10:00:00+00:00", "figures": {"preset": "gpt2-124m", "mfu": 0.3}}
+    other_gpu = {**line, "date": "2026-11-27T10:00:00+00:00", "device": "NVIDIA A100-SXM4-80GB"}
+    other_preset = {**line, "date": "2026-11-27T10:00:00+00:00", "figures": {"preset": "gpt2-350m", "mfu": 0.6}}
+    records.write_text("\n".join([json.dumps(older), json.dumps(line), "{torn", json.dumps(other_gpu),
+                                   json.dumps(other_preset)]) + "\n")
+    config = resolve_config("gpt2-124m", [], root=str(tmp_path / "root"))
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path / "no-records.jsonl"))
+    assumed = make_plan(config, "H100", 8, 25.0)
+    assert assumed["assumed_mfu"] == 0.4 and assumed["mfu_from"].startswith("assumed")
+    monkeypatch.setenv(RESULTS_ENV, str(records))
+    p = make_plan(config, "H100", 8, 25.0)
+    assert p["assumed_mfu"] == 0.5 and "preflight of gpt2-124m on one NVIDIA H100" in p["mfu_from"]
+    assert "abcdef1" in p["mfu_from"] and "2026-11-26" in p["mfu_from"]
+    assert p["hours"] == pytest.approx(assumed["hours"] * 0.4 / 0.5)  # the same FLOPs at the measured rate
+    given = make_plan(config, "H100", 1, None, 0.25)
+    assert given["assumed_mfu"] == 0.25 and given["mfu_from"] == "given (--mfu)"
+    a100 = make_plan(resolve_config("gpt2-774m", [], root=str(tmp_path / "root")), "A100")
+    assert a100["assumed_mfu"] == 0.4 and a100["mfu_from"].startswith("assumed: no measurement of gpt2-774m on A100")
+
