@@ -4,6 +4,7 @@ its proxy is killed. Each case runs both ways and compares."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,21 @@ import pytest
 from tests.tiers import scenario
 
 SLEEPER = "import os, sys, time; print(os.getpid(), flush=True); time.sleep(120)"
+
+
+@contextlib.contextmanager
+def _sigint_not_ignored():
+    """A child inherits an ignored SIGINT across exec, and pytest started as a
+    script's background job has one: the fresh interpreter would then sleep
+    through the SIGINT the test sends. Started from a terminal, as here, it is not."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture
@@ -59,7 +75,8 @@ def _alive(pid: int) -> bool:
 def test_a_signal_ends_the_child_and_the_proxy_ends_as_it_did(interpreters, sig):
     codes = {}
     for name, exe in interpreters.items():
-        proc = subprocess.Popen([exe, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=_env())
+        with _sigint_not_ignored():
+            proc = subprocess.Popen([exe, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=_env())
         child = int(proc.stdout.readline())
         assert (child != proc.pid) is (name == "warm")  # the one difference: a forked child's own pid
         proc.send_signal(sig)
