@@ -55,6 +55,27 @@ def test_a_module_ends_with_the_same_code_and_output(interpreters, tmp_path):
     assert results["warm"][0] != 0 and "missing.json" in results["warm"][2]
 
 
+ENDINGS = {
+    "falls off": "print('x' * 100_000)",
+    "exit code": "import sys; print('out'); sys.exit(3)",
+    "exit message": "import sys; sys.exit('bye')",
+    "uncaught": "raise ValueError('boom')",
+    "atexit and a thread": ("import atexit, threading, time; atexit.register(print, 'at exit'); "
+                            "threading.Thread(target=lambda: (time.sleep(0.3), print('thread'))).start()"),
+}
+
+
+@pytest.mark.parametrize("code", ENDINGS.values(), ids=ENDINGS.keys())
+def test_code_ends_with_the_same_code_and_output(interpreters, code):
+    """The warm child skips the interpreter's teardown (tests/warm_python/server.py::_end):
+    what a program's end shows stays a fresh interpreter's."""
+    env = {k: v for k, v in _env().items() if k != "PYTHONUNBUFFERED"}  # output left in a buffer at the end
+    ends = {name: subprocess.run([exe, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+            for name, exe in interpreters.items()}
+    seen = {name: (p.returncode, p.stdout, p.stderr.splitlines()[-1:]) for name, p in ends.items()}
+    assert seen["warm"] == seen["fresh"]
+
+
 def test_code_sees_its_arguments_environment_and_directory(interpreters, tmp_path):
     code = "import os, sys; print(sys.argv, os.environ['ASKED'], os.getcwd(), sys.path[0] == '')"
     outs = {name: subprocess.run([exe, "-u", "-c", code, "a", "b"], capture_output=True, text=True, cwd=tmp_path,

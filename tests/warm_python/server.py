@@ -216,20 +216,45 @@ def _run(request: dict) -> None:
         exec(compile(request["code"], "<string>", "exec"), main.__dict__)
 
 
+def _shut_down() -> None:
+    """What the interpreter does at exit before it tears itself down."""
+    import atexit
+    import threading
+
+    threading._shutdown()  # non-daemon threads first, as at interpreter exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone, a stream closed: as at exit, nothing more to do
+            pass
+
+
 def _end_by_sigint() -> None:
     """As the interpreter ends after an uncaught KeyboardInterrupt: the
     traceback, the usual shutdown, then killed by SIGINT (a shell sees 130)."""
-    import atexit
-    import threading
     import traceback
 
     traceback.print_exc()
-    threading._shutdown()  # non-daemon threads first, as at interpreter exit
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _shut_down()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def _end(code: object) -> None:
+    """As the interpreter ends with SystemExit(code), minus its teardown:
+    freeing every module touches every preloaded object's count, copying
+    the server's heap page by page (~0.5 s a child). Finalizers that matter
+    at exit (weakref.finalize, logging's flush) run from atexit, as before."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    _shut_down()
+    os._exit(status)
 
 
 if __name__ == "__main__":
@@ -253,3 +278,9 @@ if __name__ == "__main__":
         _run(request)
     except KeyboardInterrupt:
         _end_by_sigint()
+    except SystemExit as stop:
+        _end(stop.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        _end(1)
+    _end(0)
