@@ -43,7 +43,7 @@ from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.rank_failures import RankFailures
 from gpt2.train.report import log_loss_curve, log_samples
 from gpt2.train.session import Session, TrainingError, rng_state
-from gpt2.train.step import evaluate, train_step_with_flags
+from gpt2.train.step import evaluate, train_step_with_flags, unwrapped
 from gpt2.train.throughput import Throughput, mfu, now, peak_flops, synchronize
 
 log = logging.getLogger(__name__)
@@ -211,8 +211,7 @@ class Loop:
     def _validate(self, done: int) -> float | None:
         if not _every(done, self.cfg.train.eval_every, self.cfg.train.max_steps):
             return None
-        model = self.s.model.module if hasattr(self.s.model, "module") else self.s.model
-        self.val_loss = evaluate(model, self.s.val, self.s.ctx)
+        self.val_loss = evaluate(unwrapped(self.s.model), self.s.val, self.s.ctx)
         self.history["val"].append([done, self.val_loss])
         return self.val_loss
 

@@ -31,7 +31,7 @@ from gpt2.train import memory
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.startup import StartupParts
-from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch
+from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,12 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     model = compiled(raw, config, env.device)
     if env.is_distributed:
         model = wrap_ddp(model, raw, env)
+    if cache is not None:
+        with part("compile"):  # while the first shards download (first_reads)
+            try:
+                warm_up(model, raw, optimizer, micro, config.model.block_size, ctx)
+            except torch.OutOfMemoryError as err:
+                raise TrainingError(memory.oom_message(config, micro, env.device, 1, err)) from err
 
     with part("data"):
         loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)

@@ -6,7 +6,8 @@ MLflow's `startup/<part>`), so a slow restart says where its seconds went:
     data        the manifest, the shards' check, the loader and the validation batches
     checkpoint  choosing, reading and restoring the checkpoint (weights, optimizer, RNG)
     probe       the micro-batch search (train.micro_batch_size=auto)
-    compile     loading the saved compiled program, and the first step's time beyond a steady step's
+    compile     loading the saved compiled program, compiling on stand-in batches (gpt2.train.step.warm_up)
+                while the first shards download, and the first step's time beyond a steady step's
     first_step  the rest of the first step (about one steady step)
     other       the rest: the process group, the model's build, the attempt's own records
 

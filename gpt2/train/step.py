@@ -55,19 +55,7 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
     for i, (x, y) in enumerate(batches):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        # DDP all-reduces gradients only after the last micro-batch.
-        last = i == len(batches) - 1
-        sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
-        with sync:
-            # The state's bytes only where a limit is emulated: not a walk over every parameter per micro-batch.
-            kept = state_bytes(optimizer) if ctx.memory_limit_mb is not None and device.type == "cpu" else None
-            with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb, kept):
-                _, loss = model(x, y, return_logits=False)
-            # The mean over the whole global batch, not the sum of micro-batch means.
-            loss = loss / len(batches)
-            loss.backward()
-        loss_sum += loss.detach()
+        loss_sum += _forward_backward(model, raw_model, optimizer, x, y, ctx, len(batches), i == len(batches) - 1)
     # Filled on the device (no host-to-device copy, which would wait for the queued work).
     carried = torch.stack([loss_sum, *(torch.full_like(loss_sum, float(f)) for f in flags())])
     all_reduce(carried, ctx.env)  # the mean: a flag true on any rank stays > 0
@@ -78,6 +66,51 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
     loss_value, norm_value, *agreed = torch.cat([carried[:1], norm.to(loss_sum.dtype).reshape(1),
                                                  carried[1:]]).tolist()
     return loss_value, norm_value, [v > 0 for v in agreed]
+
+
+def _forward_backward(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      x: torch.Tensor, y: torch.Tensor, ctx: StepContext, micro_batches: int,
+                      last: bool) -> torch.Tensor:
+    """One micro-batch's forward and backward; returns its share of the step's loss (detached)."""
+    device = ctx.env.device
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    # DDP all-reduces gradients only after the last micro-batch.
+    sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else contextlib.nullcontext()
+    with sync:
+        # The state's bytes only where a limit is emulated: not a walk over every parameter per micro-batch.
+        kept = state_bytes(optimizer) if ctx.memory_limit_mb is not None and device.type == "cpu" else None
+        with autocast(device, ctx.amp), memory.cpu_limit(raw_model, device, ctx.memory_limit_mb, kept):
+            _, loss = model(x, y, return_logits=False)
+        # The mean over the whole global batch, not the sum of micro-batch means.
+        loss = loss / micro_batches
+        loss.backward()
+    return loss.detach()
+
+
+def warm_up(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            micro_batch: int, seq_len: int, ctx: StepContext) -> None:
+    """Compile the training step's and the validation's programs on stand-in
+    batches of the run's shape before the first real batch is read: the first
+    shards' download (gpt2.data.loader.first_reads) runs beside the compile
+    instead of before it, and the validation's program is in the compiled
+    program the run saves after its first step (gpt2.compile_cache).
+
+    Trains nothing: the gradients are dropped, the optimizer is not stepped,
+    the RNG is restored. Under DDP every rank runs it, and its all-reduce is
+    what the first step's would have been (the reducer's first pass)."""
+    device = ctx.env.device
+    # Two tensors, as a real batch has: inputs that alias the targets would be another program.
+    x, y = (torch.zeros((micro_batch, seq_len), dtype=torch.long, device=device) for _ in range(2))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        _forward_backward(model, raw_model, optimizer, x, y, ctx, micro_batches=1, last=True)
+        optimizer.zero_grad(set_to_none=True)
+        evaluate(unwrapped(model), [(x, y)], ctx)
+    synchronize(device)
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DDP (a validation pass needs no gradient hooks)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 @torch.no_grad()
