@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from gpt2.config import ModelConfig
 from gpt2.model import GPT
+
+if TYPE_CHECKING:  # imported by the test that uses it: ~4 s of every pytest worker's collection otherwise
+    from transformers import GPT2LMHeadModel
 
 # Hugging Face stores these as Conv1D, i.e. transposed relative to nn.Linear.
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -31,6 +35,8 @@ def hf_to_ours(hf: GPT2LMHeadModel, ours: GPT) -> None:
 
 
 def test_logits_match_transformers_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, n_positions=48, vocab_size=50257,
                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from gpt2 import layout, storage
 from gpt2.checkpoint.ref import CheckpointNotFound, resolve_checkpoint
@@ -39,6 +38,8 @@ def model(smoke_config):
 
 
 def test_hf_directory_loads_offline_with_our_logits(model, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # ~4 s: only where used
+
     # State dict as torch.compile inside DDP would save it: prefixes stripped.
     state = {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}
     out = write_hf_dir(state, model.config, tmp_path / "hf")

@@ -101,6 +101,7 @@ torchrun_train(config, progress=lambda info: print("step", info.step, flush=True
 """
 
 
+@scenario  # a SIGKILLed parent and the cold-started tree under it (~30 s): the end-to-end tier
 @pytest.mark.usefixtures("fresh_python")  # the tree of processes under the parent is the point
 def test_torchrun_does_not_outlive_a_killed_parent(tmp_path):
     import os

@@ -11,7 +11,6 @@ import signal
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
@@ -143,6 +142,8 @@ def test_the_plan_counts_one_buffer_per_matrix_with_muon():
 
 @scenario
 def test_muon_learns_resumes_bit_exactly_after_sigterm_and_sigkill_and_exports_what_transformers_loads(tmp_path):
+    from transformers import AutoModelForCausalLM  # here: ~4 s of every pytest worker's collection otherwise
+
     ref_tmp, tmp = tmp_path / "reference", tmp_path / "killed"
     ref_config, config = tiny_config(ref_tmp, **MUON), tiny_config(tmp, **MUON)
     for c in (ref_config, config):
