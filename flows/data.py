@@ -20,9 +20,9 @@ from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.data import sources
+from gpt2.data.disk import remove_intermediates
 from gpt2.data.download import download_ok
 from gpt2.data.llmc import ShardError
-from gpt2.data.disk import remove_intermediates
 from gpt2.data.manifest import load_manifest
 from gpt2.data.prepare import summarize
 from gpt2.data.shard import local_shards_ok
@@ -32,7 +32,7 @@ from gpt2.overrides import resolve_config
 from tasks.common import bind, run_cached
 from tasks.data import download, shard, tokenize, upload
 from tasks.data_cluster import check_cluster, workers_read_source
-from tasks.tracking import stage_run
+from tasks.tracking import finished_stage_run, stage_run
 
 
 def _complete(config: Config) -> bool:
@@ -86,8 +86,12 @@ def _shard_table(url: str) -> None:
 
 
 def track_data_stage(config: Config, result: dict[str, Any], parent_run_id: str | None) -> str | None:
-    """One MLflow run per data flow run: the data config, token counts, manifest."""
+    """One MLflow run per data result: the data config, token counts,
+    manifest. A cached result answers with the run that recorded it."""
     name = f"data-{config.data.name}-{data_fingerprint(config)[:12]}"
+    if result["cached"] and (earlier := finished_stage_run(config, name, "data")):
+        get_run_logger().info("data stage cached: its MLflow run is %s", earlier)
+        return earlier
     tags = {"cached": str(result["cached"]).lower()}
     with stage_run(config, name, "data", parent_run_id, tags=tags) as tracker:
         tracker.log_params({"data": config.data.model_dump(mode="json")})

@@ -9,10 +9,16 @@ gets these tags through `flow_run_tags`.
 
 from __future__ import annotations
 
+import logging
+import socket
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from gpt2.config import Config
-from gpt2.tracking import Tracker
+from gpt2.tracking import Tracker, default_tracking_uri
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the checkpoint package loads torch: the parent flow, which opens runs, never needs it
     from gpt2.checkpoint.ref import CheckpointRef
@@ -34,3 +40,43 @@ def stage_run(config: Config, name: str, stage: str, parent_run_id: str | None =
     """A Tracker for one stage run (use it as a context manager)."""
     return Tracker(config, name, run_id=run_id, parent_run_id=parent_run_id,
                    tags={"stage": stage, **flow_run_tags(), **(tags or {})})
+
+
+def finished_stage_run(config: Config, name: str, stage: str) -> str | None:
+    """The newest FINISHED run of `stage` named `name` in this config's
+    experiment: a cached stage answers with it instead of opening another
+    run of the same result. None when tracking is off, when there is none,
+    or when the store cannot be asked at once (the stage then opens its run
+    through the outbox, which waits out an outage, as before)."""
+    uri = default_tracking_uri(config)
+    if not config.tracking.enabled or "'" in name or not _answers_at_once(uri):
+        return None
+    from mlflow import MlflowClient
+
+    try:
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(config.tracking.experiment)
+        runs = [] if experiment is None else client.search_runs(
+            [experiment.experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
+            filter_string=f"attributes.run_name = '{name}' and tags.stage = '{stage}' "
+                          "and attributes.status = 'FINISHED'")
+    except Exception as err:  # noqa: BLE001 - a lookup only: the stage opens a run of its own instead
+        log.info("could not look up an earlier %s run in MLflow (%s); opening a new one", stage, err)
+        return None
+    return runs[0].info.run_id if runs else None
+
+
+def _answers_at_once(uri: str) -> bool:
+    """A store that holds no runs yet, or a server that refuses the connection,
+    is not worth a query (MLflow's client retries a refused one for minutes)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).exists()
+    parts = urlsplit(uri)
+    if parts.scheme in ("http", "https"):
+        try:
+            with socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
+                                          timeout=2):
+                return True
+        except OSError:
+            return False
+    return True

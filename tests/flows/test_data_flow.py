@@ -37,10 +37,12 @@ def test_cache_follows_identity_not_runtime(prefect_server, flow_args):
     assert first["cached"] is False and first["shards"] >= 2
     again = data_flow(**flow_args())
     assert again["cached"] is True
+    assert again["mlflow_run_id"] == first["mlflow_run_id"]  # a cached stage adds no MLflow run
     assert again["cached_steps"] == ["download", "shard", "tokenize", "upload"]
     assert again["manifest"] == first["manifest"]
     # Runtime only: still cached.
-    assert data_flow(**flow_args(**{"runtime.num_workers": 1}))["cached"] is True
+    runtime_only = data_flow(**flow_args(**{"runtime.num_workers": 1}))
+    assert runtime_only["cached"] is True and runtime_only["mlflow_run_id"] == first["mlflow_run_id"]
     # Identity: a new shard size re-shards and re-uploads, reusing the tokens.
     resharded = data_flow(**flow_args(**{"data.shard_size": 20_000}))
     assert resharded["cached"] is False
