@@ -18,6 +18,7 @@ from prefect.tasks import Task
 
 from gpt2 import layout
 from gpt2.config import Config
+from gpt2.errors import UserError
 from tasks.results import RootJSONSerializer, RootResultStorage
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,13 @@ def bind(task: Task, config: Config, refresh: bool = False) -> Task:
     """The task with its results stored in this config's artifact root, as data."""
     return task.with_options(result_storage=result_storage(config), result_serializer=RootJSONSerializer(),
                              refresh_cache=refresh or None)
+
+
+def not_user_error(task: Task, task_run: Any, state: Any) -> bool:
+    """A stage task's retry condition: retry what may pass next time (a
+    network read, a preempted machine), never bad input or damaged data
+    (gpt2.errors.UserError), which would fail the same way after each delay."""
+    return not isinstance(state.result(raise_on_failure=False), UserError)
 
 
 def run_cached(task: Task, config: Config, *args: Any, valid: Callable[[Any], bool] = lambda _: True):

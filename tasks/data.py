@@ -16,7 +16,7 @@ from gpt2.data.sources import SourceFiles
 from gpt2.data.tokenize import Tokenized, tokenize_source
 from gpt2.data.upload import upload_shards
 from gpt2.identity import data_step_fingerprint
-from tasks.common import ProgressArtifact, identity_cache_key
+from tasks.common import ProgressArtifact, identity_cache_key, not_user_error
 from tasks.data_cluster import unit_executor
 
 
@@ -24,7 +24,7 @@ def step_key(step: str):
     return identity_cache_key(step, lambda config: data_step_fingerprint(config, step))
 
 
-_CACHED = dict(persist_result=True, retries=2, retry_delay_seconds=10)
+_CACHED = dict(persist_result=True, retries=2, retry_delay_seconds=10, retry_condition_fn=not_user_error)
 
 
 @task(name="download", cache_key_fn=step_key("download"), **_CACHED)

@@ -40,6 +40,7 @@ from gpt2.data import sources
 from gpt2.data.process_pool import default_workers
 from gpt2.data.units import Unit, UnitResult, tokenize_unit
 from gpt2.errors import UserError
+from tasks.common import not_user_error
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +118,8 @@ def task_runner(config: Config) -> DaskTaskRunner:
     return DaskTaskRunner(address=address)
 
 
-def _not_user_error(task, task_run, state) -> bool:
-    """Retry a unit after a transient failure (a network read), not after bad input."""
-    return not isinstance(state.result(raise_on_failure=False), UserError)
-
-
 @task(name="tokenize-unit", task_run_name="tokenize-unit-{unit.index}", cache_policy=NO_CACHE,
-      persist_result=False, retries=2, retry_delay_seconds=5, retry_condition_fn=_not_user_error)
+      persist_result=False, retries=2, retry_delay_seconds=5, retry_condition_fn=not_user_error)
 def tokenize_unit_task(config: Config, unit: Unit, directory: str) -> UnitResult:
     return tokenize_unit(config, unit, directory)
 

@@ -11,7 +11,7 @@ from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
 from gpt2.hellaswag import evaluate as evaluation
 from gpt2.identity import eval_fingerprint
-from tasks.common import CODE_VERSION
+from tasks.common import CODE_VERSION, not_user_error
 from tasks.tracking import checkpoint_tags, stage_run
 
 
@@ -19,7 +19,8 @@ def eval_key(_context: Any, parameters: dict) -> str:
     return f"evaluate-{eval_fingerprint(parameters['config'], parameters['ref'].model_sha256)}-{CODE_VERSION}"
 
 
-@task(name="evaluate-hellaswag", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=10)
+@task(name="evaluate-hellaswag", cache_key_fn=eval_key, persist_result=True, retries=1, retry_delay_seconds=10,
+      retry_condition_fn=not_user_error)
 def evaluate_hellaswag(config: Config, ref: CheckpointRef, parent_run_id: str | None = None) -> dict[str, Any]:
     with stage_run(config, f"eval-{ref.run_name}-{ref.step_name}", "evaluate", parent_run_id,
                    tags=checkpoint_tags(ref)) as tracker:

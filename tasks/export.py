@@ -15,7 +15,7 @@ from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
 from gpt2.export import writer
 from gpt2.identity import export_files_fingerprint, register_fingerprint
-from tasks.common import CODE_VERSION
+from tasks.common import CODE_VERSION, not_user_error
 from tasks.registry import register_hf_model
 from tasks.tracking import checkpoint_tags, stage_run
 
@@ -28,7 +28,8 @@ def register_key(_context: Any, parameters: dict) -> str:
     return f"register-{register_fingerprint(parameters['config'], parameters['ref'].model_sha256)}-{CODE_VERSION}"
 
 
-@task(name="export-checkpoint", cache_key_fn=files_key, persist_result=True, retries=1, retry_delay_seconds=10)
+@task(name="export-checkpoint", cache_key_fn=files_key, persist_result=True, retries=1, retry_delay_seconds=10,
+      retry_condition_fn=not_user_error)
 def export_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
     return writer.export_checkpoint(ref, config.runtime.root, config.runtime.work_root).to_dict()
 
