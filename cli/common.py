@@ -103,6 +103,28 @@ def prefect_env() -> None:
     os.environ.setdefault(SERVER_WAIT_SETTING, str(SERVER_WAIT_S))
 
 
+def temporary_server_database(config: Config) -> None:
+    """Prefect's temporary server (no PREFECT_API_URL) keeps its run history
+    in the work dir, `<work dir>/prefect.db`, beside this project's other
+    scratch, instead of `~/.prefect/prefect.db` (README, "What lives where"):
+    unless a server or a database of the user's own is configured. A new one
+    starts as a migrated copy (cli.stack.services.seed_prefect_db)."""
+    import os
+
+    from prefect.settings import get_current_settings
+
+    from cli.stack.services import seed_prefect_db
+
+    settings = get_current_settings()
+    url = settings.server.database.connection_url
+    if settings.api.url or (url and url.get_secret_value() != f"sqlite+aiosqlite:///{settings.home}/prefect.db"):
+        return
+    path = config.runtime.work_root / "prefect.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    seed_prefect_db(path)
+    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{path}"
+
+
 SERVER_WAIT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 SERVER_WAIT_S = 180
 
@@ -143,6 +165,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     config = load_config(preset, sets, root)
     setup_logging()
     prefect_env()
+    temporary_server_database(config)
     module, name = entrypoint.split(":")
     flow_fn = getattr(importlib.import_module(module), name)
     overrides, _ = parse_assignments(sets or [])

@@ -163,6 +163,7 @@ def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdo
 
     missing = tmp_path / "nope-*.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its temporary server
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     repo = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "cli.main", "prepare", "--root", str(tmp_path / "root"),
                            "--set", f"data.source={missing}", "--set", f"runtime.work_dir={tmp_path / 'work'}"],
@@ -170,3 +171,5 @@ def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdo
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and "Starting temporary server" in proc.stderr, proc.stderr[-3000:]
     assert lines[-1].startswith("error: ") and str(missing) in lines[-1], proc.stderr[-3000:]
+    # The temporary server's run history is in the work dir, not in Prefect's home.
+    assert (tmp_path / "work" / "prefect.db").exists() and not (tmp_path / "prefect-home" / "prefect.db").exists()

@@ -1,0 +1,31 @@
+"""Prefect's temporary server keeps its run history in the work dir, not in
+`~/.prefect` (cli.common.temporary_server_database; README, "What lives
+where"), unless the user configured a server or a database of their own.
+The real command on a temporary server: tests/cli/test_stages.py (end to end)."""
+
+from __future__ import annotations
+
+import os
+
+from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL,
+                              temporary_settings)
+
+from cli.common import temporary_server_database
+from gpt2.overrides import resolve_config
+
+SETTING = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+
+
+def test_the_temporary_servers_database_is_the_work_dirs_and_a_users_own_is_left_alone(tmp_path, monkeypatch):
+    config = resolve_config("smoke", {"runtime.work_dir": str(tmp_path / "work")}, root=str(tmp_path / "root"))
+    monkeypatch.delenv(SETTING, raising=False)  # restored after the test, whatever the function set
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(tmp_path / "home")}):
+        temporary_server_database(config)
+    assert os.environ.pop(SETTING) == f"sqlite+aiosqlite:///{tmp_path / 'work' / 'prefect.db'}"
+    assert (tmp_path / "work" / "prefect.db").stat().st_size > 0  # a migrated copy, not an empty file
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        temporary_server_database(config)  # a server of the user's
+    mine = f"sqlite+aiosqlite:///{tmp_path / 'mine.db'}"
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: mine}):
+        temporary_server_database(config)  # a database of the user's
+    assert SETTING not in os.environ
