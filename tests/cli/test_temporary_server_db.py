@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 
-from prefect.settings import (PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL,
-                              temporary_settings)
+from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
 
 from cli.common import temporary_server_database
 from gpt2.overrides import resolve_config
