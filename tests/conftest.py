@@ -61,6 +61,17 @@ def pytest_collection_modifyitems(config, items):
             item._id = NodeId.parse(item.nodeid + suffix)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """What this process still holds goes with it at exit: frozen, it is left
+    out of the interpreter's final collection, which walks every object (~3 s
+    a process, more for a worker that imported torch, Prefect and MLflow, and
+    the controller waits for every worker's)."""
+    import gc
+
+    gc.freeze()
+
+
 def _e2e_session(config) -> bool:
     return config.getoption("markexpr") == "e2e"
 
