@@ -10,6 +10,8 @@ Logs go to stderr; with --json the last line of stdout is one JSON object.
 
 from __future__ import annotations
 
+import gc
+
 import typer
 
 from cli import config, plan, preflight, report, stages
@@ -36,7 +38,12 @@ app.command("report")(report.report)
 
 def main() -> None:
     defer_errors_to_exit()
-    app()
+    try:
+        app()
+    finally:
+        # Ending: what this process imported (torch, Prefect, MLflow) goes with it. Frozen, it is
+        # left out of the interpreter's final collection, which walks every object (seconds).
+        gc.freeze()
 
 
 if __name__ == "__main__":

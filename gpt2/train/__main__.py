@@ -17,6 +17,7 @@ With --result PATH rank 0 also writes the result as JSON there; with
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -109,4 +110,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # what the trainer imported goes with the process: no final collection over it (seconds)
+    sys.exit(code)
