@@ -18,10 +18,12 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 
 from flows.entry import flow_main
 from flows.stages import run_stage_deployment, stage_overrides
+from flows.summary import where_things_are
 from gpt2 import bill, layout, storage
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
@@ -165,6 +167,11 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
         parent.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=0)
         parent.log_dict(summary, "pipeline.json")
         report_runs(parent, config, results["train"].get("mlflow_run_id"), logger)
+    # What `gpt2 run` prints, for a run started from a deployment too: in the log and as an artifact.
+    text = where_things_are(config, summary)
+    logger.info("%s", text)
+    create_markdown_artifact(f"```\n{text}\n```", key="pipeline-summary",
+                             description="What this pipeline run did: checkpoint, exports, MLflow, bill")
     return summary
 
 

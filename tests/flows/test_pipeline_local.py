@@ -124,5 +124,10 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     assert _files_containing(work, needles) == []
     records = asyncio.run(_prefect_records())
     assert records.count("stage") > 0  # the search covers real content
+    # The orchestrated run says what it did, as `gpt2 run` does: in its log and as a markdown artifact.
+    _, logs, artifacts = json.loads(records)
+    said = f"checkpoint:       {result['checkpoint']}"
+    assert any(said in line and "pipeline finished (cached stages: none)" in line for line in logs)
+    assert any(said in str(data) and "pipeline finished" in str(data) for data in artifacts)
     assert [n for n in needles if n in records] == []
     assert str(key_file) not in records

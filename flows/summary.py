@@ -1,0 +1,55 @@
+"""What a pipeline run says when it ends: the same lines in `gpt2 run`'s
+output and in the orchestrated run's log and Prefect artifact
+(flows.pipeline), so a run started with `prefect deployment run
+gpt2/full-pipeline` says what it did too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt2.config import Config
+
+
+def describe_bill(bill: dict[str, Any] | None) -> str:
+    """One line of the bill (gpt2.bill; the README says what each figure means)."""
+    if not bill:
+        return "bill: (not recorded)"
+    cost = f"{bill['cost']:,.2f}" if bill.get("cost") is not None else "unknown (set runtime.price_per_hour)"
+    line = (f"bill: {bill['attempts']} attempt(s), {bill['device_hours']:,.3f} device-hours, "
+            f"{bill['steps_redone']} steps redone ({bill['device_hours_redone']:,.3f} device-hours), "
+            f"{bill['startup_s']:,.0f} s start-up, cost {cost}")
+    if "cpu_hours" in bill:
+        line += f"; CPU stages {bill['cpu_hours']:,.3f} h"
+    return line
+
+
+def _figure(value: float | None) -> str:
+    """A loss or an accuracy as the summary prints it (the --json line keeps full precision)."""
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def where_things_are(config: Config, result: dict[str, Any]) -> str:
+    from gpt2.secrets import redact
+    from gpt2.tracking import default_tracking_uri
+
+    hs = result.get("hellaswag") or {}
+    cached = ", ".join(result["cached_stages"]) or "none"
+    uri = redact(default_tracking_uri(config))
+    link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking.ui_link)
+    ui = f"mlflow ui --backend-store-uri {uri}  # then open {link}" if uri.startswith("sqlite:") else link
+    lines = [
+        f"pipeline finished (cached stages: {cached})",
+        f"  final val loss:   {_figure(result['final_val_loss'])}",
+        f"  HellaSwag:        acc {_figure(hs.get('acc'))}  acc_norm {_figure(hs.get('acc_norm'))}  (n={hs.get('n')})"
+        + ("  (the built-in format sample: a check of the scorer, not the benchmark)"
+           if config.eval.hellaswag_source.startswith("builtin:") else ""),
+        f"  checkpoint:       {result['checkpoint']}",
+        f"  Hugging Face dir: {result['hf_dir']}",
+        "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",
+        f"  llm.c model:      {result['llmc_bin']}",
+        f"  MLflow run:       {result['mlflow_run_id']} (registered model {result['registered_model']} "
+        f"v{result['model_version']})",
+        f"  MLflow UI:        {ui}",
+        f"  {describe_bill(result.get('bill'))}",
+    ]
+    return "\n".join(lines)
