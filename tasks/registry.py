@@ -73,13 +73,25 @@ def _log_and_register(tracker: Tracker, hf_dir: str | Path, name: str, tags: dic
             # no crash can leave a version without its export id.
             info = mlflow.transformers.log_model(
                 {"model": model, "tokenizer": tokenizer}, name="hf", task="text-generation",
-                registered_model_name=name, pip_requirements=PIP_REQUIREMENTS, tags=tags,
+                registered_model_name=name, pip_requirements=PIP_REQUIREMENTS, tags=tags, model_card=_model_card(name),
             )
     finally:
         mlflow.set_tracking_uri(None)  # clears the global and the variable
         if previous_env is not None:
             os.environ["MLFLOW_TRACKING_URI"] = previous_env
     return int(info.registered_model_version)
+
+
+def _model_card(name: str):
+    """The model card MLflow stores beside the model: ours. Without one MLflow
+    asks the Hugging Face hub for the card of the model's name, here a local
+    directory the hub never has, and warns on every export."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    data = ModelCardData(library_name="transformers", pipeline_tag="text-generation", tags=["gpt2", "gpt2-pipeline"])
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n# {name}\n\nGPT-2 trained from scratch by gpt2-pipeline. "
+                     "The MLflow run that registered this version holds its checkpoint, configuration and "
+                     "export manifest.\n")
 
 
 def model_version_exists(config: Config, name: str, version: int) -> bool:

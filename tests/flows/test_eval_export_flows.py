@@ -4,6 +4,7 @@ lm-eval, real MLflow (SQLite under the tmp root), the `gpt2` CLI."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -65,9 +66,17 @@ def test_eval_flow_logs_to_mlflow_and_is_cached(stage):
     assert not fewer["cached"] and fewer["hellaswag"]["n"] == 5
 
 
-def test_export_flow_registers_the_hf_model_with_its_alias(stage):
+def test_export_flow_registers_the_hf_model_with_its_alias(stage, caplog):
     config, args = stage
-    result = export_flow(**args)
+    mlflow_log = logging.getLogger("mlflow.transformers")  # MLflow's loggers do not reach the root's handler
+    mlflow_log.addHandler(caplog.handler)
+    try:
+        result = export_flow(**args)
+    finally:
+        mlflow_log.removeHandler(caplog.handler)
+    # Our model card goes with the model: MLflow asks the hub for none, and warns of no card or license.
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("mlflow") and r.levelno >= logging.WARNING
+            and ("card" in r.getMessage() or "license" in r.getMessage())] == []
     assert storage.exists(storage.join(result["hf_dir"], "model.safetensors"))
     assert storage.exists(result["llmc_bin"])
     client = MlflowClient(tracking_uri=default_tracking_uri(config))
