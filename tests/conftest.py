@@ -93,16 +93,21 @@ def _executable_of(warm):
 
 @pytest.fixture(scope="session")
 def warm_interpreter(request, tmp_path_factory):
-    """This pytest worker's warm servers (tests/warm_python), started on first
-    use and stopped with the session; None with GPT2_TESTS_FRESH_PYTHON=1
-    (every process then starts cold, as users' do)."""
+    """The warm servers (tests/warm_python) this pytest worker uses: under
+    pytest-xdist one set for all the session's workers, started by the first
+    (WarmPython.shared), else its own; stopped with the session. None with
+    GPT2_TESTS_FRESH_PYTHON=1 (every process then starts cold, as users' do)."""
     if os.environ.get("GPT2_TESTS_FRESH_PYTHON") == "1":
         yield None
         return
     from tests.warm_python import WarmPython
 
     # The end-to-end tier's warm modules are the runs of several ranks; the quick tier keeps few.
-    warm = WarmPython(tmp_path_factory.mktemp("warm-python"), servers=2 if _e2e_session(request.config) else 1)
+    servers = 2 if _e2e_session(request.config) else 1
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one set for the session's workers: their common basetemp
+        warm = WarmPython.shared(tmp_path_factory.getbasetemp().parent / "warm-python", servers)
+    else:
+        warm = WarmPython(tmp_path_factory.mktemp("warm-python"), servers=servers)
     try:
         yield warm
     finally:

@@ -68,7 +68,37 @@ class WarmPython:
         Path(self.executable).write_text(f"#!{real} -IS\n{source}")
         os.chmod(self.executable, 0o755)
 
+    @classmethod
+    def shared(cls, directory: Path, servers: int) -> WarmPython:
+        """The servers every pytest worker of a session uses (~12 s of CPU
+        spared per worker past the first): the first worker to come starts
+        them in `directory`, the others use them. Each holds a token while it
+        may start processes; the starter, whose servers die with it, stops
+        them only once no other worker holds one."""
+        import fcntl
+
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory.with_name(directory.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            settings = directory / "warm.json"
+            if settings.exists():
+                warm = cls.__new__(cls)
+                known = json.loads(settings.read_text())
+                warm.directory, warm.real, warm.sockets = directory, known["python"], known["sockets"]
+                warm.executable, warm.servers = str(directory / "python"), []
+            else:
+                warm = cls(directory, servers=servers)
+            (directory / "users").mkdir(exist_ok=True)
+            warm.token = directory / "users" / str(os.getpid())
+            warm.token.touch()
+        return warm
+
     def stop(self) -> None:
+        token = getattr(self, "token", None)
+        if token is not None:
+            token.unlink(missing_ok=True)
+            if self.servers:
+                self._wait_for_users(token.parent)
         for server in self.servers:
             if server.poll() is None:
                 server.send_signal(signal.SIGTERM)
@@ -78,6 +108,25 @@ class WarmPython:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+    @staticmethod
+    def _wait_for_users(users: Path, timeout: float = 900) -> None:
+        """Until every other worker let go of the servers (or ended without saying so)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            alive = []
+            for token in users.iterdir():
+                try:
+                    os.kill(int(token.name), 0)
+                    alive.append(token)
+                except (ProcessLookupError, ValueError):
+                    token.unlink(missing_ok=True)
+            if not alive:
+                return
+            time.sleep(0.2)
 
 
 def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
