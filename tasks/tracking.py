@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gpt2.config import Config
+from gpt2.secrets import redact
 from gpt2.tracking import Tracker, default_tracking_uri
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def finished_stage_run(config: Config, name: str, stage: str) -> str | None:
             filter_string=f"attributes.run_name = '{name}' and tags.stage = '{stage}' "
                           "and attributes.status = 'FINISHED'")
     except Exception as err:  # noqa: BLE001 - a lookup only: the stage opens a run of its own instead
-        log.info("could not look up an earlier %s run in MLflow (%s); opening a new one", stage, err)
+        log.info("could not look up an earlier %s run in MLflow (%s); opening a new one", stage, redact(str(err)))
         return None
     return runs[0].info.run_id if runs else None
 
