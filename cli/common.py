@@ -103,6 +103,20 @@ def prefect_env() -> None:
     os.environ.setdefault(SERVER_WAIT_SETTING, str(SERVER_WAIT_S))
 
 
+def check_root(config: Config) -> None:
+    """A remote root that does not answer is named now, in seconds, before
+    any server starts (a local one is checked by what writes there)."""
+    from gpt2 import layout, storage
+
+    root = layout.root(config)
+    if root.startswith(("file://", "memory://")):
+        return
+    try:
+        storage.check_reachable(root)
+    except storage.StorageError as err:
+        fail(str(err))
+
+
 def temporary_server_database(config: Config) -> None:
     """Prefect's temporary server (no PREFECT_API_URL) keeps its run history
     in the work dir, `<work dir>/prefect.db`, beside this project's other
@@ -164,6 +178,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
 
     config = load_config(preset, sets, root)
     setup_logging()
+    check_root(config)
     prefect_env()
     temporary_server_database(config)
     module, name = entrypoint.split(":")

@@ -66,8 +66,10 @@ def train(
     """Train GPT-2 on the prepared shards; rerun the same command to resume."""
     config = load_config(preset, sets, root)
     setup_logging()
+    from cli.common import check_root
     from gpt2 import layout, storage
 
+    check_root(config)  # a bucket that does not answer is named before the manifest's check
     url = layout.manifest(config)
     if not storage.exists(url):
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "

@@ -24,6 +24,7 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from gpt2.errors import UserError
+from gpt2.secrets import redact
 
 
 class StorageError(UserError, RuntimeError):
@@ -283,3 +284,14 @@ def check_writable(root: str) -> None:
             f"artifact root {root} is not writable ({type(err).__name__}: {err}); "
             "pass a writable --root (a local directory or a bucket URL you can write to)"
         ) from err
+
+
+def check_reachable(root: str) -> None:
+    """Fail early, naming the root, when its storage does not answer (a host
+    that cannot be reached, a refused connection): one listing, before any
+    server starts or stage runs."""
+    try:
+        exists(root)
+    except Exception as err:  # noqa: BLE001 - whatever the filesystem raised, the root is what to name
+        raise StorageError(f"artifact root {redact(root)} cannot be reached ({type(err).__name__}: "
+                           f"{redact(str(err))}); check the URL, the network and the credentials") from err

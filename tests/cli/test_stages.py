@@ -173,3 +173,27 @@ def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdo
     assert lines[-1].startswith("error: ") and str(missing) in lines[-1], proc.stderr[-3000:]
     # The temporary server's run history is in the work dir, not in Prefect's home.
     assert (tmp_path / "work" / "prefect.db").exists() and not (tmp_path / "prefect-home" / "prefect.db").exists()
+
+
+@pytest.mark.parametrize("command", [["prepare"], ["train"]])  # every flow's command, and train's own check
+def test_a_bucket_root_that_does_not_answer_is_named_before_anything_runs(command, tmp_path, monkeypatch):
+    """#33: a supported scheme whose endpoint cannot be reached fails naming the root, at once,
+    not with the filesystem's error from inside a stage."""
+    import socket
+
+    import fsspec
+
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:  # a port nothing listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries: seconds of back-off
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://127.0.0.1:{port}"})
+    fsspec.filesystem("s3").clear_instance_cache()
+    out = CliRunner().invoke(app, [*command, "--preset", "smoke", "--root", "s3://unreachable-bucket/gpt2",
+                                   "--set", f"runtime.work_dir={tmp_path / 'work'}"])
+    assert out.exit_code == 1, out.output
+    assert "artifact root s3://unreachable-bucket/gpt2 cannot be reached (EndpointConnectionError" in out.output
+    assert not (tmp_path / "work").exists()  # no stage ran: no data, no Prefect database
