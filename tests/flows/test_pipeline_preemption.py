@@ -103,9 +103,13 @@ def _execute_sigterm_then_resume(stack, config, run) -> None:
     from flows.stages import results_url
     from gpt2 import storage
 
-    # The pod's environment: the reschedule behaviour, and where the image keeps the code.
+    # The pod's environment: the reschedule behaviour, where the image keeps the code, and the
+    # heartbeat the gpu pools' job templates give their pods (deployments/pools/kubernetes-gpu.json).
+    # Without it Prefect beats every 180 s, and a run past the zombie automation's 90 s after its
+    # first beat is marked Crashed under the test (seen when the resumed run took 5 minutes).
     env = {**stack["env"], "PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR": "reschedule",
-           deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR)}
+           deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR),
+           deployment_file.HEARTBEAT_ENV: str(deployment_file.GPU_HEARTBEAT_S)}
 
     def execute() -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "prefect", "flow-run", "execute", str(run.id)], env=env,
