@@ -24,7 +24,7 @@ from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.session import check_batch_shape, choose_micro_batch, compiled, resolve_compile
-from gpt2.train.step import Batch, StepContext, find_micro_batch, micro_batch_candidates, train_step
+from gpt2.train.step import Batch, StepContext, find_micro_batch, micro_batch_candidates, train_step, warm_up
 from gpt2.train.throughput import mfu, peak_flops, synchronize
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ def _peak_bytes(device: torch.device) -> int:
 
 def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
     """The run's step, built as the trainer builds it, run `steps` + 1 times
-    (the first one warms up and compiles); an out-of-memory step ends it with
+    (the first one warms up and compiles, the validation's program too, as
+    the trainer's warm-up does); an out-of-memory step ends it with
     `error` set and, for a micro-batch given by hand, the one that fits."""
     rt, out = config.runtime, StepRun()
     seqs = check_batch_shape(config, env.world_size)
@@ -101,6 +102,8 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
     try:
         for i in range(steps + 1):
             started = time.perf_counter()
+            if i == 0 and travel is not None:  # as the trainer compiles: the validation's program travels too
+                warm_up(model, raw, optimizer, micro, config.model.block_size, ctx)
             train_step(model, raw, optimizer, batches, ctx)  # returns the loss: the host has waited for the step
             synchronize(env.device)
             seconds = time.perf_counter() - started
