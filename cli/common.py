@@ -103,18 +103,32 @@ def prefect_env() -> None:
     os.environ.setdefault(SERVER_WAIT_SETTING, str(SERVER_WAIT_S))
 
 
-def check_root(config: Config) -> None:
-    """A remote root that does not answer is named now, in seconds, before
-    any server starts (a local one is checked by what writes there)."""
+def check_root(config: Config) -> str | None:
+    """The root, checked in about a second before any server starts: one
+    that does not answer is named and ends the command; one that cannot be
+    written returns why (flows.read_only answers finished work from it)."""
     from gpt2 import layout, storage
 
     root = layout.root(config)
-    if root.startswith(("file://", "memory://")):
-        return
-    try:
-        storage.check_reachable(root)
-    except storage.StorageError as err:
-        fail(str(err))
+    if root.startswith("memory://"):  # this process's own: nothing to ask
+        return None
+    if root not in _ROOT_CHECKED:
+        if not root.startswith("file://"):
+            try:
+                storage.check_reachable(root)
+            except storage.StorageError as err:
+                fail(str(err))
+        try:
+            storage.check_writable(root)
+            _ROOT_CHECKED[root] = None
+        except storage.StorageError as err:
+            cause = err.__cause__ or err
+            _ROOT_CHECKED[root] = (f"artifact root {redact(root)} cannot be written "
+                                   f"({type(cause).__name__}: {redact(str(cause))})")
+    return _ROOT_CHECKED[root]
+
+
+_ROOT_CHECKED: dict[str, str | None] = {}  # root -> why it cannot be written; a command asks once
 
 
 def temporary_server_database(config: Config) -> None:
@@ -166,6 +180,18 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (UserError, FileNotFoundError)
 
 
+def _read_only_answer(entrypoint: str, config: Config, why: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    from flows.read_only import answer
+    from gpt2.errors import UserError
+
+    try:
+        result = answer(entrypoint, config, why, **kwargs)
+    except UserError as err:
+        fail(str(err))
+    typer.echo(f"{why}: answered from what it holds (no server, no lease, nothing written)", err=True)
+    return result
+
+
 def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Optional[str],
              errors: tuple[type[Exception], ...] | None = None, **kwargs: Any) -> tuple[Config, dict[str, Any]]:
     """Resolve the config (exit 2 listing every problem), then run the flow at
@@ -178,7 +204,9 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
 
     config = load_config(preset, sets, root)
     setup_logging()
-    check_root(config)
+    unwritable = check_root(config)
+    if unwritable:
+        return config, _read_only_answer(entrypoint, config, unwritable, kwargs)
     prefect_env()
     temporary_server_database(config)
     module, name = entrypoint.split(":")

@@ -69,9 +69,11 @@ def train(
     from cli.common import check_root
     from gpt2 import layout, storage
 
-    check_root(config)  # a bucket that does not answer is named before the manifest's check
+    # A bucket that does not answer is named before the manifest's check; a
+    # root that cannot be written is answered from what it holds (run_flow).
+    unwritable = check_root(config)
     url = layout.manifest(config)
-    if not storage.exists(url):
+    if not unwritable and not storage.exists(url):
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
              + _prepare_hint(preset, sets, root))
     _check_device(config)

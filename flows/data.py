@@ -85,10 +85,15 @@ def _shard_table(url: str) -> None:
     create_table_artifact(table=rows, key="data-shards", description=f"Shards of {manifest.name} at {url}")
 
 
+def data_run_name(config: Config) -> str:
+    """The MLflow run name of a data result: one run per dataset identity."""
+    return f"data-{config.data.name}-{data_fingerprint(config)[:12]}"
+
+
 def track_data_stage(config: Config, result: dict[str, Any], parent_run_id: str | None) -> str | None:
     """One MLflow run per data result: the data config, token counts,
     manifest. A cached result answers with the run that recorded it."""
-    name = f"data-{config.data.name}-{data_fingerprint(config)[:12]}"
+    name = data_run_name(config)
     if result["cached"] and (earlier := finished_stage_run(config, name, "data")):
         get_run_logger().info("data stage cached: its MLflow run is %s", earlier)
         return earlier

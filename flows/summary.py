@@ -28,6 +28,12 @@ def _figure(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _no_run_of_its_own(result: dict[str, Any]) -> str:
+    """A pipeline answered from a read-only root (flows.read_only) wrote no run of its own."""
+    train = (result.get("stage_mlflow_run_ids") or {}).get("train")
+    return f"none written (read-only root; the training run is {train})"
+
+
 def where_things_are(config: Config, result: dict[str, Any]) -> str:
     from gpt2.secrets import redact
     from gpt2.tracking import default_tracking_uri
@@ -47,7 +53,8 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
         f"  Hugging Face dir: {result['hf_dir']}",
         "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",
         f"  llm.c model:      {result['llmc_bin']}",
-        f"  MLflow run:       {result['mlflow_run_id']} (registered model {result['registered_model']} "
+        f"  MLflow run:       {result['mlflow_run_id'] or _no_run_of_its_own(result)} (registered model "
+        f"{result['registered_model']} "
         f"v{result['model_version']})",
         f"  MLflow UI:        {ui}",
         f"  {describe_bill(result.get('bill'))}",

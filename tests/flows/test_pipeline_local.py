@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.read_only_mount import can_mount_read_only, gpt2_read_only, sets, snapshot
+
 FAKE = {
     "HF_TOKEN": "hf_FAKEfakeFAKEfakeFAKEfake12345678",
     "MLFLOW_TRACKING_PASSWORD": "fake-mlflow-password-7788",
@@ -116,6 +118,22 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     assert again["final_val_loss"] == result["final_val_loss"]
     assert again["hf_dir"] == result["hf_dir"]
     assert again["bill"]["attempts"] == 0 and again["bill"]["cost"] == 0  # a cached stage ran nothing
+
+    # The same root read-only (#33 item 6): `gpt2 run` answers the finished
+    # pipeline from what the root holds, every stage checked as the flows
+    # check a cached result, and writes nothing (no server, lease or MLflow run).
+    if can_mount_read_only():
+        before = snapshot(root)
+        done = gpt2_read_only(root, "run", "--preset", "smoke", "--root", str(root), "--json",
+                              *sets({k: v for k, v in overrides.items() if k != "runtime.root"}))
+        assert done.returncode == 0, done.stdout + done.stderr
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        assert answer["read_only"] is True and answer["cached_stages"] == again["cached_stages"]
+        for key in ("checkpoint", "final_val_loss", "hellaswag", "hf_dir", "llmc_bin", "registered_model",
+                    "model_version", "stage_mlflow_run_ids"):
+            assert answer[key] == again[key], key
+        assert answer["mlflow_run_id"] is None and answer["bill"]["attempts"] == 0
+        assert snapshot(root) == before
 
     # Nothing the runs wrote holds a planted credential: files under the root
     # and work dir (MLflow's database and artifacts included), Prefect's flow

@@ -1,0 +1,158 @@
+"""What a read-only root answers: finished work, read from what the root
+holds, with no server, no lease and nothing written.
+
+A root can be read-only to the one asking: a bucket shared with read-only
+credentials, a finished run's directory mounted read-only. A stage there
+can only be answered when its work is all there, so each stage here reads
+what its flow would have found cached (the manifest, the task's result
+record under `<root>/.prefect/results`), checks it the same way the flow
+checks a cached result (the final checkpoint verifies, the exports are
+whole, the registered version exists), and returns what the flow returns,
+with `read_only: true`. Anything missing is one error that names the root,
+the missing piece, and what to do: nothing waits on a server or retries
+a write first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from gpt2 import layout, storage
+from gpt2.config import Config
+from gpt2.errors import UserError
+from gpt2.steps import with_resolved_steps
+
+
+class NotAnswered(UserError):
+    """The root is read-only and does not hold this command's finished work."""
+
+
+class _Missing(Exception):
+    pass
+
+
+def recorded(task: Any, config: Config, **params: Any) -> Any:
+    """The result a cached task would return (its cache key as the task
+    computes it), or raises _Missing. Only this pipeline's JSON records are
+    read, as tasks.results reads them."""
+    from tasks.results import RefusedResult, RootJSONSerializer, check_record
+
+    key = task.cache_key_fn(None, {"config": config, **params})
+    url = storage.join(layout.prefect_results(config), key)
+    try:
+        content = storage.read_bytes(url)
+    except FileNotFoundError:
+        raise _Missing(f"no result record {url}") from None
+    try:
+        check_record(content, url)
+    except RefusedResult as err:
+        raise _Missing(str(err)) from None
+    return RootJSONSerializer().loads(json.loads(content)["result"].encode())
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise _Missing(what)
+
+
+def data(config: Config) -> dict[str, Any]:
+    from flows.data import data_run_name
+    from gpt2.data.llmc import ShardError
+    from gpt2.data.prepare import summarize
+    from tasks import data as steps
+    from tasks.tracking import finished_stage_run
+
+    try:
+        result = summarize(layout.manifest(config)).model_dump()
+    except (FileNotFoundError, ShardError) as err:
+        raise _Missing(f"no complete prepared data ({err})") from None
+    records = {name: getattr(steps, name).cache_key_fn(None, {"config": config})
+               for name in ("download", "tokenize", "shard", "upload")}
+    result.update(cached=True, read_only=True, cached_steps=sorted(
+        name for name, key in records.items() if storage.exists(storage.join(layout.prefect_results(config), key))))
+    # The MLflow run that recorded this data, as the flow answers a cached stage (reading only).
+    result["mlflow_run_id"] = finished_stage_run(config, data_run_name(config), "data")
+    return result
+
+
+def train(config: Config, fresh: bool = False) -> dict[str, Any]:
+    from gpt2.checkpoint import store
+    from tasks.train import train as train_task
+
+    if fresh:
+        raise _Missing("--fresh deletes this run's checkpoints")
+    config = with_resolved_steps(config)
+    result = recorded(train_task, config, parent_run_id=None, tags=None)
+    url = result.get("checkpoint")
+    _check(bool(url) and url == store.latest_checkpoint(config),
+           f"the training run {layout.run_name(config)} is not finished (its newest checkpoint is not the final one)")
+    try:
+        store.verify_checkpoint(url)
+    except store.CheckpointError as err:
+        raise _Missing(f"the final checkpoint is damaged ({err})") from None
+    return {**result, "cached": True, "read_only": True}
+
+
+def _ref(config: Config, checkpoint: str | None):
+    from gpt2.checkpoint.ref import resolve_checkpoint
+    from gpt2.steps import EPOCH
+
+    if checkpoint in (None, "", "latest") and config.train.max_steps == EPOCH:
+        config = with_resolved_steps(config)
+    return config, resolve_checkpoint(config, checkpoint)
+
+
+def evaluate(config: Config, checkpoint: str | None = "latest") -> dict[str, Any]:
+    from tasks.evaluate import evaluate_hellaswag
+
+    config, ref = _ref(config, checkpoint)
+    result = recorded(evaluate_hellaswag, config, ref=ref)
+    _check(storage.exists(result["result_url"]), f"the evaluation's result {result['result_url']} is gone")
+    return {**result, "cached": True, "read_only": True}
+
+
+def export(config: Config, checkpoint: str | None = "latest") -> dict[str, Any]:
+    from gpt2.export.writer import export_complete
+    from tasks.export import export_checkpoint, register_model
+    from tasks.registry import model_version_exists
+
+    config, ref = _ref(config, checkpoint)
+    files = recorded(export_checkpoint, config, ref=ref)
+    _check(export_complete(files["export_dir"], ref), f"the export {files['export_dir']} is incomplete")
+    entry = recorded(register_model, config, ref=ref)
+    _check(model_version_exists(config, entry["registered_model"], entry["model_version"]),
+           f"registered model {entry['registered_model']} v{entry['model_version']} is not in MLflow")
+    return {**files, **entry, "cached": True, "read_only": True}
+
+
+def pipeline(config: Config) -> dict[str, Any]:
+    from flows.pipeline import STAGES, pipeline_bill, summarize
+
+    results = {"data": data(config)}
+    config = with_resolved_steps(config)  # as the parent pins train.max_steps=epoch after the data stage
+    results.update(train=train(config), evaluate=evaluate(config), export=export(config))
+    summary = summarize(results, None)  # no pipeline run of its own: nothing is written
+    summary["bill"] = pipeline_bill(config, results, {s: 0.0 for s in STAGES})
+    summary["read_only"] = True
+    return summary
+
+
+STAGES: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
+    "flows.data:data_flow": ("prepared data", data),
+    "flows.train:train_flow": ("finished training run", train),
+    "flows.evaluate:eval_flow": ("evaluation", evaluate),
+    "flows.export:export_flow": ("export", export),
+    "flows.pipeline:pipeline_flow": ("finished pipeline", pipeline),
+}
+
+
+def answer(entrypoint: str, config: Config, why: str, **kwargs: Any) -> dict[str, Any]:
+    """The flow's result for finished work on a root that cannot be written
+    (`why` says so, naming the root); NotAnswered when the work is not all there."""
+    what, stage = STAGES[entrypoint]
+    try:
+        return stage(config, **kwargs)
+    except (_Missing, FileNotFoundError, UserError) as err:
+        raise NotAnswered(f"{why}. A read-only root answers only finished work, and this config's {what} is not "
+                          f"all there: {err}. Pass a writable --root to do the rest") from None
