@@ -106,6 +106,7 @@ def evaluate(
     as_json: bool = JsonOpt,
 ) -> None:
     """HellaSwag of a checkpoint with lm-eval, checked against the native scorer (cached)."""
+    _check_device(load_config(preset, sets, root))
     _, result = run_flow("flows.evaluate:eval_flow", preset, sets, root, checkpoint=checkpoint)
     out = {k: result.get(k) for k in EVAL_KEYS}
     h = out["hellaswag"]

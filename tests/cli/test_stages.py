@@ -48,7 +48,8 @@ def test_a_device_this_machine_lacks_is_named_before_any_server_or_stage(tmp_pat
     assert not (root / "runs").exists()  # nothing trained, no lease taken
 
 
-def test_the_pipeline_names_a_device_this_machine_lacks_before_its_data_stage(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", ["run", "evaluate"])  # the pipeline before its data stage; evaluate on its own
+def test_the_pipeline_names_a_device_this_machine_lacks_before_its_data_stage(command, tmp_path, monkeypatch):
     import torch
 
     import cli.stages
@@ -57,7 +58,7 @@ def test_the_pipeline_names_a_device_this_machine_lacks_before_its_data_stage(tm
         pytest.skip("this machine has CUDA")
     flows_run = []
     monkeypatch.setattr(cli.stages, "run_flow", lambda *a, **kw: flows_run.append(a))
-    out = CliRunner().invoke(app, ["run", "--preset", "smoke", "--root", str(tmp_path / "root"),
+    out = CliRunner().invoke(app, [command, "--preset", "smoke", "--root", str(tmp_path / "root"),
                                    "--set", "runtime.device=cuda:1"])
     assert out.exit_code == 1 and "runtime.device=cuda:1 but CUDA is not available" in out.output
     assert flows_run == []  # not even the data stage
