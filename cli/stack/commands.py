@@ -121,7 +121,10 @@ def down(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> No
 
     result = services.down(_state_dir(state_dir))
     stopped = ", ".join(result["stopped"]) or "nothing was running"
-    emit(result, as_json, f"stopped: {stopped}" + (f"\nprofile: {result['profile']}" if "profile" in result else ""))
+    killed = "".join(f"\nkilled after {result['seconds'][name]:.0f} s (outlived their SIGTERM window) under {name}: "
+                     + "; ".join(left) for name, left in result.get("killed", {}).items())
+    emit(result, as_json, f"stopped: {stopped}" + killed
+         + (f"\nprofile: {result['profile']}" if "profile" in result else ""))
 
 
 def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:

@@ -86,17 +86,47 @@ STOP_S = 20.0
 """How long a server (Prefect, MLflow) gets between SIGTERM and SIGKILL."""
 
 
-def stop(rec: dict[str, Any], timeout: float = STOP_S) -> None:
+def stop(rec: dict[str, Any], timeout: float = STOP_S) -> list[str]:
     """SIGTERM the service and everything it started, SIGKILL what is left
-    after `timeout` (returns as soon as all of it has exited)."""
+    after `timeout` (returns as soon as all of it has exited). Returns what
+    had to be SIGKILLed (`pid status cmdline`), so a slow stop says why."""
     leader = _process(rec)
     if leader is None:
-        return
+        return []
     procs = _tree(leader)
     _signal(procs, signal.SIGTERM)
-    _, left = psutil.wait_procs(procs, timeout=timeout)
+    left = _wait_gone(procs, timeout)
+    forced = [_describe(p) for p in left]
     _signal(left, signal.SIGKILL)
-    psutil.wait_procs(left, timeout=5)
+    _wait_gone(left, 5)
+    return forced
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Not exited. A zombie has exited: it waits only for its parent (or,
+    orphaned, init) to reap it, and psutil.wait_procs would wait out the
+    whole timeout on one that is not our child."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `procs` still running after `timeout` (returns as soon as none is)."""
+    deadline = time.monotonic() + timeout
+    left = [p for p in procs if _running(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if _running(p)]
+    return left
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())[:200]}"
+    except psutil.NoSuchProcess:
+        return f"{proc.pid} gone"
 
 
 def http_ok(url: str, timeout: float = 3.0) -> bool:

@@ -14,4 +14,5 @@ def stack(tmp_path_factory):
     info = last_json(gpt2(env, base, "stack", "up", "--root", str(base / "root"), "--json"))
     assert info["healthy"], info
     yield {**info, "env": env, "base": base}
-    gpt2(env, base, "stack", "down", check=False)
+    down = gpt2(env, base, "stack", "down", "--json", check=False)
+    print(f"stack down: {down.stdout.strip()[-2000:]}")  # seconds per process, and what had to be killed

@@ -98,9 +98,23 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
 
 
 def test_repeat_of_the_first_run_finds_every_data_task_cached(stack):
+    from mlflow import MlflowClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    from flows.stages import results_url
+    from gpt2 import storage
+    from gpt2.overrides import resolve_config
+
     assert "first" in stack, "needs test_first_run_completes_on_the_pools"
+    config = resolve_config("smoke", overrides(stack))
+    mlflow = MlflowClient(tracking_uri=stack["mlflow_url"])
+    experiment = mlflow.get_experiment_by_name(config.tracking.experiment).experiment_id
+
+    def stage_runs() -> dict[str, int]:
+        tags = [run.data.tags.get("stage") for run in mlflow.search_runs([experiment], max_results=5000)]
+        return {stage: tags.count(stage) for stage in ("data", "train", "evaluate", "export")}
+
+    before = (stage_runs(), len(mlflow.search_model_versions(f"name = '{config.export.registered_model}'")))
     parent = wait_final(stack, deployment_run(stack, overrides(stack)))
     assert_completed(stack, parent, "the repeated pipeline")
     data = child(stack, str(parent.id), "gpt2-data/data")
@@ -108,3 +122,10 @@ def test_repeat_of_the_first_run_finds_every_data_task_cached(stack):
         tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[data.id])))
     names = {t.name.rsplit("-", 1)[0]: t.state.name for t in tasks}
     assert names == {"download": "Cached", "tokenize": "Cached", "shard": "Cached", "upload": "Cached"}, names
+    # #33 item 7: a cached stage is cached end to end: every stage answers from its cache, and
+    # none adds an MLflow run or registers the unchanged checkpoint again.
+    for dep in ("gpt2-data/data", "gpt2-train/train", "gpt2-eval/evaluate", "gpt2-export/export"):
+        run = child(stack, str(parent.id), dep)
+        assert storage.read_json(results_url(config, str(run.id)))["cached"] is True, dep
+    after = (stage_runs(), len(mlflow.search_model_versions(f"name = '{config.export.registered_model}'")))
+    assert after == before

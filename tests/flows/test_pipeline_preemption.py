@@ -41,12 +41,14 @@ from tests.flows.pipeline_stack import (
 pytestmark = pytest.mark.e2e
 
 
-# Long enough that a SIGTERM lands mid-training; only SIGTERM and the end
+# Long enough that a SIGTERM lands mid-training (it is sent a second after the
+# lease is taken, a handful of steps in; 600 steps cost these tests minutes of
+# training and proved nothing more); only SIGTERM and the end
 # write a checkpoint, so the resume point proves which one. A quarter of the
 # smoke step's tokens (two micro-batches still: accumulation is exercised) and
 # no in-loop HellaSwag: the steps are cheap, and the time goes to what these
 # tests are about (the signal, the reschedule, the resume), not to training.
-LONG_RUN = {"train.max_steps": 600, "train.checkpoint_every": 10_000, "train.eval_every": 10_000,
+LONG_RUN = {"train.max_steps": 200, "train.checkpoint_every": 10_000, "train.eval_every": 10_000,
             "train.sample_every": 10_000, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
             "eval.every_steps": 0}
 

@@ -47,3 +47,30 @@ def test_start_up_failure_names_the_log(tmp_path):
                           tmp_path, tmp_path / "logs")
     with pytest.raises(processes.ServiceError, match="no config"):
         processes.wait_http(rec, f"http://127.0.0.1:{processes.free_port()}/", timeout=30)
+
+
+def test_a_service_that_exited_unreaped_counts_as_stopped(tmp_path):
+    """A process that has exited but is not yet reaped (a zombie: an orphan
+    waits for init) is stopped. `gpt2 stack down` runs in a process of its own
+    (here too), and waiting for a zombie that is not its child to vanish
+    waited out every worker's whole checkpoint window (135 s each)."""
+    import json
+    import os
+    import subprocess
+
+    rec = processes.start("svc", [sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path,
+                          tmp_path / "logs")
+    # The service is this test's child: once SIGTERM ends it, it stays a zombie until this process reaps it.
+    stop = ("import json, sys; from cli.stack import processes; "
+            "print(json.dumps(processes.stop(json.loads(sys.argv[1]), timeout=10)))")
+    try:
+        done = subprocess.run([sys.executable, "-c", stop, json.dumps(rec)], capture_output=True, text=True,
+                              timeout=120, cwd=os.getcwd())
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == []  # it ended on SIGTERM: nothing was left to SIGKILL
+        assert psutil.Process(rec["pid"]).status() == psutil.STATUS_ZOMBIE
+        assert not processes.alive(rec)
+    finally:
+        with pytest.raises(ChildProcessError):
+            while True:
+                os.waitpid(rec["pid"], 0)
