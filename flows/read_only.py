@@ -43,7 +43,7 @@ def recorded(task: Any, config: Config, **params: Any) -> Any:
     try:
         content = storage.read_bytes(url)
     except FileNotFoundError:
-        raise _Missing(f"no result record {url}") from None
+        raise _Missing(f"no finished {task.name} result for it ({url} does not exist)") from None
     try:
         check_record(content, url)
     except RefusedResult as err:
@@ -95,11 +95,10 @@ def train(config: Config, fresh: bool = False) -> dict[str, Any]:
 
 
 def _ref(config: Config, checkpoint: str | None):
+    """The config and checkpoint as the evaluate and export flows resolve them."""
     from gpt2.checkpoint.ref import resolve_checkpoint
-    from gpt2.steps import EPOCH
 
-    if checkpoint in (None, "", "latest") and config.train.max_steps == EPOCH:
-        config = with_resolved_steps(config)
+    config = with_resolved_steps(config, required=checkpoint in (None, "", "latest"))
     return config, resolve_checkpoint(config, checkpoint)
 
 
