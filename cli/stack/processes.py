@@ -86,16 +86,19 @@ STOP_S = 20.0
 """How long a server (Prefect, MLflow) gets between SIGTERM and SIGKILL."""
 
 
-def stop(rec: dict[str, Any], timeout: float = STOP_S) -> list[str]:
+def stop(rec: dict[str, Any], timeout: float = STOP_S, alone_s: float | None = None) -> list[str]:
     """SIGTERM the service and everything it started, SIGKILL what is left
-    after `timeout` (returns as soon as all of it has exited). Returns what
-    had to be SIGKILLed (`pid status cmdline`), so a slow stop says why."""
+    after `timeout` (returns as soon as all of it has exited); with `alone_s`,
+    after that long once only the service itself is left (a worker's window
+    is for its flow runs' checkpoints: with none left there is nothing to
+    wait for). Returns what had to be SIGKILLed (`pid status cmdline`), so a
+    slow stop says why."""
     leader = _process(rec)
     if leader is None:
         return []
     procs = _tree(leader)
     _signal(procs, signal.SIGTERM)
-    left = _wait_gone(procs, timeout)
+    left = _wait_gone(procs, timeout, leader if alone_s is not None else None, alone_s or 0.0)
     forced = [_describe(p) for p in left]
     _signal(left, signal.SIGKILL)
     _wait_gone(left, 5)
@@ -112,12 +115,20 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of `procs` still running after `timeout` (returns as soon as none is)."""
-    deadline = time.monotonic() + timeout
+def _wait_gone(procs: list[psutil.Process], timeout: float, leader: psutil.Process | None = None,
+               alone_s: float = 0.0) -> list[psutil.Process]:
+    """Those of `procs` still running after `timeout` (returns as soon as none
+    is), or once `leader` has been the only one left for `alone_s`."""
+    now = time.monotonic()
+    deadline, alone_since = now + timeout, None
     left = [p for p in procs if _running(p)]
-    while left and time.monotonic() < deadline:
+    while left and now < deadline:
+        if leader is not None and [p.pid for p in left] == [leader.pid]:
+            alone_since = alone_since or now
+            if now - alone_since >= alone_s:
+                break
         time.sleep(0.1)
+        now = time.monotonic()
         left = [p for p in left if _running(p)]
     return left
 

@@ -297,6 +297,15 @@ def stop_timeout(name: str) -> float:
     return kill_window(distributed=False, pool="process")[0] + WORKER_STOP_MARGIN_S
 
 
+def stop_service(rec: dict[str, Any]) -> list[str]:
+    """Stop one of the stack's processes as `down` does: a worker's flow runs
+    get the trainer's window (stop_timeout); a worker left alone, its flow runs
+    exited, gets a server's (a Prefect worker told to stop can sit out the whole
+    window by itself: seen on a busy machine, 135 s per worker). Returns what
+    had to be killed."""
+    return processes.stop(rec, stop_timeout(rec["name"]), alone_s=processes.STOP_S)
+
+
 def down(state_dir: Path) -> dict[str, Any]:
     """Stop every recorded process (workers first, each given its flow runs'
     checkpoint window) and restore the previous profile."""
@@ -307,7 +316,7 @@ def down(state_dir: Path) -> dict[str, Any]:
     for rec in sorted(state["processes"], key=lambda p: not p["name"].startswith("worker")):
         if processes.alive(rec):
             started = time.monotonic()
-            left = processes.stop(rec, stop_timeout(rec["name"]))
+            left = stop_service(rec)
             seconds[rec["name"]] = round(time.monotonic() - started, 1)
             stopped.append(rec["name"])
             if left:  # what outlived its SIGTERM window: the reason a `down` was slow
