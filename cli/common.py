@@ -123,7 +123,7 @@ def check_root(config: Config) -> str | None:
             _ROOT_CHECKED[root] = None
         except storage.StorageError as err:
             cause = err.__cause__ or err
-            _ROOT_CHECKED[root] = (f"artifact root {redact(root)} cannot be written "
+            _ROOT_CHECKED[root] = (f"artifact root {redact(root)} is not writable "
                                    f"({type(cause).__name__}: {redact(str(cause))})")
     return _ROOT_CHECKED[root]
 

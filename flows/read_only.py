@@ -44,6 +44,8 @@ def recorded(task: Any, config: Config, **params: Any) -> Any:
         content = storage.read_bytes(url)
     except FileNotFoundError:
         raise _Missing(f"no finished {task.name} result for it ({url} does not exist)") from None
+    except OSError as err:  # a root that is not a directory, one that cannot be read
+        raise _Missing(f"its {task.name} result cannot be read ({type(err).__name__}: {err})") from None
     try:
         check_record(content, url)
     except RefusedResult as err:
@@ -152,6 +154,6 @@ def answer(entrypoint: str, config: Config, why: str, **kwargs: Any) -> dict[str
     what, stage = STAGES[entrypoint]
     try:
         return stage(config, **kwargs)
-    except (_Missing, FileNotFoundError, UserError) as err:
+    except (_Missing, OSError, UserError) as err:
         raise NotAnswered(f"{why}. A read-only root answers only finished work, and this config's {what} is not "
                           f"all there: {err}. Pass a writable --root to do the rest") from None

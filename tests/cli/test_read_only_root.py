@@ -1,4 +1,4 @@
-"""#33 item 6: a root that cannot be written (a read-only volume, a bucket
+"""#33 item 6: a root that is not writable (a read-only volume, a bucket
 with read-only credentials) answers finished work from what it holds, with
 no server, no lease and nothing written, and refuses anything else in one
 line before any server starts.
@@ -27,7 +27,7 @@ def test_an_empty_read_only_root_is_refused_in_one_line_before_any_server(comman
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr  # no MLflow retries, no traceback
-    assert lines[0].startswith(f"error: artifact root file://{root} cannot be written (OSError: [Errno 30] "
+    assert lines[0].startswith(f"error: artifact root file://{root} is not writable (OSError: [Errno 30] "
                                "Read-only file system"), lines[0]
     assert "A read-only root answers only finished work" in lines[0] and "Pass a writable --root" in lines[0]
     assert list(root.iterdir()) == []
@@ -52,7 +52,7 @@ def test_a_finished_training_run_is_answered_from_a_read_only_root_without_a_lea
     assert answer["cached"] is True and answer["read_only"] is True
     for key in ("run_name", "checkpoint", "steps", "final_val_loss", "mlflow_run_id", "bill"):
         assert answer[key] == trained[key], key
-    assert "cannot be written" in done.stderr and "no server, no lease, nothing written" in done.stderr
+    assert "is not writable" in done.stderr and "no server, no lease, nothing written" in done.stderr
     assert snapshot(root) == before  # nothing written: no lease, no result record, no MLflow row
 
     # A damaged final checkpoint is not an answer: it is named, as the flow names it.
