@@ -135,8 +135,24 @@ def pipeline(config: Config) -> dict[str, Any]:
     results.update(train=train(config), evaluate=evaluate(config), export=export(config))
     summary = summarize(results, None)  # no pipeline run of its own: nothing is written
     summary["bill"] = pipeline_bill(config, results, {s: 0.0 for s in STAGES})
+    summary["mlflow_url"] = _train_run_link(config, results["train"].get("mlflow_run_id"))
     summary["read_only"] = True
     return summary
+
+
+def _train_run_link(config: Config, run_id: str | None) -> str | None:
+    """The MLflow UI's page of the training run (read from the store, never
+    written): the pipeline wrote no run of its own to link to."""
+    from mlflow import MlflowClient
+
+    from gpt2.tracking import default_tracking_uri, ui_link
+
+    uri = default_tracking_uri(config)
+    try:
+        experiment = MlflowClient(uri).get_run(run_id).info.experiment_id if run_id else None
+    except Exception:  # noqa: BLE001 - a link is a convenience; the answer stands without it
+        return None
+    return ui_link(uri, experiment, run_id)
 
 
 STAGES: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
