@@ -83,7 +83,8 @@ def train(config: Config, fresh: bool = False) -> dict[str, Any]:
     from tasks.train import train as train_task
 
     if fresh:
-        raise _Missing("--fresh deletes this run's checkpoints")
+        raise NotAnswered(f"--fresh deletes this run's checkpoints, and artifact root {layout.root(config)} "
+                          "is not writable: pass a writable --root")
     config = with_resolved_steps(config)
     result = recorded(train_task, config, parent_run_id=None, tags=None)
     url = result.get("checkpoint")
@@ -170,6 +171,8 @@ def answer(entrypoint: str, config: Config, why: str, **kwargs: Any) -> dict[str
     what, stage = STAGES[entrypoint]
     try:
         return stage(config, **kwargs)
+    except NotAnswered:
+        raise
     except (_Missing, OSError, UserError) as err:
         raise NotAnswered(f"{why}. A read-only root answers only finished work, and this config's {what} is not "
                           f"all there: {err}. Pass a writable --root to do the rest") from None

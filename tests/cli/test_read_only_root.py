@@ -55,6 +55,11 @@ def test_a_finished_training_run_is_answered_from_a_read_only_root_without_a_lea
     assert "is not writable" in done.stderr and "no server, no lease, nothing written" in done.stderr
     assert snapshot(root) == before  # nothing written: no lease, no result record, no MLflow row
 
+    # --fresh would delete the run: refused, and nothing is.
+    done = gpt2_read_only(root, "train", "--preset", "smoke", "--root", str(root), "--fresh", *sets(overrides))
+    assert done.returncode == 1 and "--fresh deletes this run's checkpoints" in done.stderr, done.stderr
+    assert snapshot(root) == before
+
     # A damaged final checkpoint is not an answer: it is named, as the flow names it.
     model = Path(layout.run_dir(config).removeprefix("file://")) / "checkpoints" / "step_000002" / "model.safetensors"
     data = bytearray(model.read_bytes())
