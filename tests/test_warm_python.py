@@ -172,3 +172,22 @@ def test_a_multi_process_scenario_of_the_end_to_end_tier_starts_its_processes_wa
     proc = subprocess.run([sys.executable, "-c", "import sys; print('torch' in sys.modules)"], env=_env(),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr  # forked after torch's import
+
+
+def test_a_proxy_that_dies_before_asking_leaves_the_server_serving(warm_python, interpreters):
+    """A proxy killed between connecting and sending its request (a signal at
+    its very start) cost the whole session its server: the server forked for
+    an empty request, its reply met a closed socket, and it died of that."""
+    import socket
+
+    if warm_python is None:
+        pytest.skip("no warm interpreter in this run")
+    for path in warm_python.sockets:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.connect(path)
+        conn.close()  # gone before asking
+    proc = subprocess.Popen([interpreters["warm"], "-c", "import os; print(os.getpid(), flush=True)"],
+                            stdout=subprocess.PIPE, text=True, env=_env())
+    child = int(proc.stdout.readline())
+    assert proc.wait(timeout=60) == 0
+    assert child != proc.pid  # served by the warm server (a fresh fallback would run in the proxy itself)

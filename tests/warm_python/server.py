@@ -103,6 +103,11 @@ def serve(path: str) -> tuple[dict, list[int], socket.socket]:
             if conn is listener:
                 conn, _ = listener.accept()
                 msg, fds, _, _ = socket.recv_fds(conn, 1 << 22, 250)
+                if not msg:  # the proxy died between connecting and asking (a signal at its start): nothing to run
+                    for fd in fds:
+                        os.close(fd)
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     listener.close()
@@ -113,7 +118,10 @@ def serve(path: str) -> tuple[dict, list[int], socket.socket]:
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
-                conn.send(json.dumps({"pid": pid}).encode())
+                try:
+                    conn.send(json.dumps({"pid": pid}).encode())
+                except OSError:  # the proxy is gone already: its child goes too (next turn), the server stays
+                    _kill(pid)
             else:  # the proxy went away before its child: take the child with it, at once
                 pid = next(p for p, c in children.items() if c is conn)
                 if not conn.recv(16):

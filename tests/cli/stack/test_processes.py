@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -58,8 +59,12 @@ def test_a_service_that_exited_unreaped_counts_as_stopped(tmp_path):
     import os
     import subprocess
 
-    rec = processes.start("svc", [sys.executable, "-c", "import time; time.sleep(600)"], {}, tmp_path,
-                          tmp_path / "logs")
+    rec = processes.start("svc", [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
+                          {}, tmp_path, tmp_path / "logs")
+    # Running before it is stopped: a SIGTERM at its very start would test nothing of interest.
+    while "ready" not in (tmp_path / "logs" / "svc.log").read_text():
+        assert processes.alive(rec)
+        time.sleep(0.05)
     # The service is this test's child: once SIGTERM ends it, it stays a zombie until this process reaps it.
     stop = ("import json, sys; from cli.stack import processes; "
             "print(json.dumps(processes.stop(json.loads(sys.argv[1]), timeout=10)))")
