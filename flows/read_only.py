@@ -32,14 +32,17 @@ class _Missing(Exception):
     pass
 
 
+def _record_url(task: Any, config: Config, **params: Any) -> str:
+    """Where a task's result record is kept: its cache key, as the task computes it."""
+    return storage.join(layout.prefect_results(config), task.cache_key_fn(None, {"config": config, **params}))
+
+
 def recorded(task: Any, config: Config, **params: Any) -> Any:
-    """The result a cached task would return (its cache key as the task
-    computes it), or raises _Missing. Only this pipeline's JSON records are
-    read, as tasks.results reads them."""
+    """The result a cached task would return, or raises _Missing. Only this
+    pipeline's JSON records are read, as tasks.results reads them."""
     from tasks.results import RefusedResult, RootJSONSerializer, check_record
 
-    key = task.cache_key_fn(None, {"config": config, **params})
-    url = storage.join(layout.prefect_results(config), key)
+    url = _record_url(task, config, **params)
     try:
         content = storage.read_bytes(url)
     except FileNotFoundError:
@@ -69,16 +72,16 @@ def data(config: Config) -> dict[str, Any]:
         result = summarize(layout.manifest(config)).model_dump()
     except (FileNotFoundError, ShardError) as err:
         raise _Missing(f"no complete prepared data ({err})") from None
-    records = {name: getattr(steps, name).cache_key_fn(None, {"config": config})
-               for name in ("download", "tokenize", "shard", "upload")}
     result.update(cached=True, read_only=True, cached_steps=sorted(
-        name for name, key in records.items() if storage.exists(storage.join(layout.prefect_results(config), key))))
+        name for name in ("download", "tokenize", "shard", "upload")
+        if storage.exists(_record_url(getattr(steps, name), config))))
     # The MLflow run that recorded this data, as the flow answers a cached stage (reading only).
     result["mlflow_run_id"] = finished_stage_run(config, data_run_name(config), "data")
     return result
 
 
 def train(config: Config, fresh: bool = False) -> dict[str, Any]:
+    from flows.train import final_checkpoint
     from gpt2.checkpoint import store
     from tasks.train import train as train_task
 
@@ -87,13 +90,12 @@ def train(config: Config, fresh: bool = False) -> dict[str, Any]:
                           "is not writable: pass a writable --root")
     config = with_resolved_steps(config)
     result = recorded(train_task, config, parent_run_id=None, tags=None)
-    url = result.get("checkpoint")
-    _check(bool(url) and url == store.latest_checkpoint(config),
-           f"the training run {layout.run_name(config)} is not finished (its newest checkpoint is not the final one)")
-    try:
-        store.verify_checkpoint(url)
+    try:  # what the training flow asks of a cached result
+        final = final_checkpoint(config, result)
     except store.CheckpointError as err:
         raise _Missing(f"the final checkpoint is damaged ({err})") from None
+    _check(final is not None,
+           f"the training run {layout.run_name(config)} is not finished (its newest checkpoint is not the final one)")
     return {**result, "cached": True, "read_only": True}
 
 

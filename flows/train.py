@@ -31,22 +31,30 @@ from tasks.tracking import flow_run_tags
 from tasks.train import train as train_task
 
 
-def _finished(config: Config, result: dict) -> bool:
-    """A cached result is only good while its final checkpoint exists and
-    verifies (every file against its marker's sha256, as evaluate and export
-    will): otherwise the trainer runs again, resumes from the newest
-    checkpoint that verifies and rewrites the damaged steps, or says that none
-    does."""
+def final_checkpoint(config: Config, result: dict) -> str | None:
+    """The cached training result's final checkpoint, while it is still the
+    run's newest (None otherwise); raises store.CheckpointError when it does
+    not verify (every file against its marker's sha256, as evaluate and export
+    will). What a cached result is worth, here and on a read-only root
+    (flows.read_only)."""
     url = result.get("checkpoint")
     if not url or url != store.latest_checkpoint(config):
-        return False
+        return None
+    store.verify_checkpoint(url)
+    return url
+
+
+def _finished(config: Config, result: dict) -> bool:
+    """A cached result is only good while its final checkpoint exists and
+    verifies: otherwise the trainer runs again, resumes from the newest
+    checkpoint that verifies and rewrites the damaged steps, or says that none
+    does."""
     try:
-        store.verify_checkpoint(url)
+        return final_checkpoint(config, result) is not None
     except store.CheckpointError as err:
         get_run_logger().warning("the finished run's final checkpoint is damaged (%s): training again from the "
                                  "newest checkpoint that verifies", err)
         return False
-    return True
 
 
 def _start_over(config: Config) -> None:

@@ -98,7 +98,7 @@ def stop(rec: dict[str, Any], timeout: float = STOP_S, alone_s: float | None = N
         return []
     procs = _tree(leader)
     _signal(procs, signal.SIGTERM)
-    left = _wait_gone(procs, timeout, leader if alone_s is not None else None, alone_s or 0.0)
+    left = _wait_gone(procs, timeout, leader, alone_s)
     forced = [_describe(p) for p in left]
     _signal(left, signal.SIGKILL)
     _wait_gone(left, 5)
@@ -116,14 +116,14 @@ def _running(proc: psutil.Process) -> bool:
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float, leader: psutil.Process | None = None,
-               alone_s: float = 0.0) -> list[psutil.Process]:
+               alone_s: float | None = None) -> list[psutil.Process]:
     """Those of `procs` still running after `timeout` (returns as soon as none
-    is), or once `leader` has been the only one left for `alone_s`."""
+    is), or, given `alone_s`, once `leader` has been the only one left that long."""
     now = time.monotonic()
     deadline, alone_since = now + timeout, None
     left = [p for p in procs if _running(p)]
     while left and now < deadline:
-        if leader is not None and [p.pid for p in left] == [leader.pid]:
+        if alone_s is not None and [p.pid for p in left] == [leader.pid]:
             alone_since = alone_since or now
             if now - alone_since >= alone_s:
                 break

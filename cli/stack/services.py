@@ -312,18 +312,18 @@ def down(state_dir: Path) -> dict[str, Any]:
     state = read_state(state_dir)
     if state is None:
         return {"stopped": []}
-    stopped, forced, seconds = [], {}, {}
+    forced, seconds = {}, {}  # by the name of each process stopped, in the order stopped
     for rec in sorted(state["processes"], key=lambda p: not p["name"].startswith("worker")):
         if processes.alive(rec):
             started = time.monotonic()
             left = stop_service(rec)
             seconds[rec["name"]] = round(time.monotonic() - started, 1)
-            stopped.append(rec["name"])
             if left:  # what outlived its SIGTERM window: the reason a `down` was slow
                 forced[rec["name"]] = left
     prefect_setup.restore_profile(state.get("previous_profile"))
     (state_dir / STATE_FILE).unlink()
-    return {"stopped": stopped, "profile": prefect_setup.active_profile(), "seconds": seconds, "killed": forced}
+    return {"stopped": list(seconds), "profile": prefect_setup.active_profile(), "seconds": seconds,
+            "killed": forced}
 
 
 def status(state_dir: Path) -> dict[str, Any]:
