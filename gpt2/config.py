@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ROOT_ENV = "GPT2_ROOT"
 
+SPIKE_ZSCORE = 6.0
+"""train.spike_zscore's default: above every step of the clean runs measured (README, "Loss spikes")."""
+
 
 class _Section(BaseModel):
     # Frozen so a config can be hashed and passed between stages safely;
@@ -66,6 +69,11 @@ class DataConfig(_Section):
     """Size of the fixed validation slice, taken first from the token stream."""
     tokenizer: Literal["gpt2"] = "gpt2"
     """Tokenizer encoding (tiktoken name)."""
+    shuffle: bool = False
+    """Train on the shards in a seeded order (train.seed) instead of llm.c's fixed one:
+    each epoch a permutation of the train shards and of the sequences within each
+    shard (gpt2.data.order). Part of the run's identity, not of the data's: the same
+    shards serve both orders. Off: the reference order, and today's runs unchanged."""
 
 
 class TrainConfig(_Section):
@@ -114,6 +122,24 @@ class TrainConfig(_Section):
     """Write a checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = Field(3, ge=1)
     """How many of the latest checkpoints to keep."""
+    spike_zscore: float = Field(SPIKE_ZSCORE, ge=0)
+    """A step whose loss or gradient norm lies more than this many robust standard
+    deviations (median and MAD) above the last train.spike_window steps' is a loss
+    spike, and so is one whose loss or norm is not finite (gpt2.train.spikes);
+    0 turns detection off."""
+    on_spike: Literal["warn", "skip", "rollback"] = "warn"
+    """What a spike does: `warn` logs it (MLflow, the attempt record) and trains on,
+    exactly as without detection; `skip` drops that step's update (the optimizer is
+    not stepped; the data moves on); `rollback` goes back to the newest checkpoint
+    before the spike, steps the data past every batch trained since, and continues
+    (gpt2.train.rollback)."""
+    max_rollbacks: int = Field(3, ge=0)
+    """With on_spike=rollback: the run fails at the spike after this many rollbacks,
+    naming each rollback's steps and data positions, instead of paying for a run
+    that keeps diverging."""
+    spike_window: int = Field(128, ge=8)
+    """Steps of history the spike z-score is measured against (llm.c's 128); nothing
+    is judged before the run has trained this many."""
     preflight: bool = True
     """Run `gpt2 preflight` on the training machine before the training flow
     trains (a failed check fails the flow in minutes, not retried or rescheduled);
@@ -162,6 +188,33 @@ class TrackingConfig(_Section):
     """Log to MLflow at all (off only for benchmarks and dry runs)."""
     experiment: str = "gpt2"
     """MLflow experiment name."""
+
+
+class GpuPool(_Section):
+    """One rung of the ladder of GPU pools (runtime.gpu_pools): a Prefect work pool
+    that has the train and evaluate deployments (prefect.yaml), its price, and how
+    long a run may wait or be preempted there before the run moves down a rung."""
+
+    pool: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    """The work pool's name (its deployments are `train-<pool>` and
+    `evaluate-<pool>`; pool `gpu`'s are `train` and `evaluate`)."""
+    price_per_hour: float | None = Field(None, ge=0)
+    """Price of one device (GPU) on this pool for an hour; None: runtime.price_per_hour."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """How long a run may wait here to start (no worker, no machine) before the run
+    moves down a rung; on the last rung runtime.stage_start_timeout_s applies."""
+    max_preemptions: int = Field(3, ge=1)
+    """Preemptions on this pool after which the run moves down a rung (on the last
+    rung the reschedule automation's own cap applies)."""
+
+    @classmethod
+    def parse(cls, text: str) -> dict:
+        """`pool[:price[:start_timeout_s[:max_preemptions]]]`, the `--set` shorthand."""
+        parts = text.strip().split(":")
+        keys = ("pool", "price_per_hour", "start_timeout_s", "max_preemptions")
+        if len(parts) > len(keys):
+            raise ValueError(f"rung {text!r} has more than pool:price:start_timeout_s:max_preemptions")
+        return {k: v for k, v in zip(keys, parts) if v != ""}
 
 
 class RuntimeConfig(_Section):
@@ -251,6 +304,30 @@ class RuntimeConfig(_Section):
     """How often a training attempt's record in the run directory is brought up to date
     (its steps and time; gpt2.train.attempts). An attempt killed without notice is billed
     up to its last update, so this is what such a kill can leave out of the bill."""
+    gpu_pools: tuple[GpuPool, ...] = ()
+    """The ladder of GPU pools, cheapest first: the train and evaluate stages of a
+    pipeline run from a deployment start on the first rung and move down when a rung
+    does not start them within its start_timeout_s, crashes them before they run, or
+    preempts them max_preemptions times. A list of {pool, price_per_hour,
+    start_timeout_s, max_preemptions}, or on the command line
+    `gpu-spot:1.2:600:3,gpu:3.9`. Empty: the one `gpu` pool of prefect.yaml."""
+
+    @field_validator("gpu_pools", mode="before")
+    @classmethod
+    def _rungs(cls, value):
+        if isinstance(value, str):
+            return [GpuPool.parse(part) for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("gpu_pools")
+    @classmethod
+    def _distinct_rungs(cls, rungs):
+        names = [r.pool for r in rungs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"names pool {', '.join(twice)} more than once; each rung is one pool")
+        return rungs
+
     keep_intermediate: Literal["inputs", "all", "none"] = "inputs"
     """Local copies the data stage keeps once its output is safe: `inputs` keeps the
     downloaded source and the token parts (new limits or a new data.shard_size redo

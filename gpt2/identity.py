@@ -42,9 +42,16 @@ def fingerprint(obj: Any, length: int = 16) -> str:
 ADDED_DATA_KEYS = {"max_document_chars": DataConfig.model_fields["max_document_chars"].default}
 
 
+# DataConfig keys that choose how training reads the shards, not what they hold:
+# part of a run's identity (train_identity), never of the data's, so both
+# orders read the same shards.
+READ_ORDER_KEYS = ("shuffle",)
+
+
 def data_identity(config: Config) -> dict:
     data = config.data.model_dump(mode="json")
     data = {k: v for k, v in data.items() if k not in ADDED_DATA_KEYS or v != ADDED_DATA_KEYS[k]}
+    data = {k: v for k, v in data.items() if k not in READ_ORDER_KEYS}
     ident = {"data": data, "format": DATA_FORMAT_VERSION}
     if config.data.source.startswith("builtin:"):
         # A built-in sample's text comes from the installed Python: hash it so
@@ -90,6 +97,19 @@ OPTIMIZER_KEYS = ("optimizer", "muon_lr", "muon_momentum")
 # identity (the legacy one too), so no run changes its address for them.
 NEVER_IDENTITY_KEYS = ("preflight",)
 
+# The loss-spike keys (gpt2.train.spikes), added after runs were first
+# trained: they change the weights only where a spike changes what is trained
+# (on_spike skip or rollback, detection on); otherwise (`warn`, or
+# spike_zscore 0) the run trains exactly as the older code did and they are
+# left out, so it keeps its address. max_rollbacks counts with rollback only.
+SPIKE_KEYS = ("spike_zscore", "on_spike", "max_rollbacks", "spike_window")
+
+
+def _spike_keys_left_out(train: dict) -> tuple[str, ...]:
+    if train["spike_zscore"] == 0 or train["on_spike"] == "warn":
+        return SPIKE_KEYS
+    return ("max_rollbacks",) if train["on_spike"] == "skip" else ()
+
 
 def train_identity(config: Config, legacy: bool = False) -> dict:
     """What defines a run's weights. `legacy`: the identity of releases
@@ -98,14 +118,18 @@ def train_identity(config: Config, legacy: bool = False) -> dict:
     train = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in NEVER_IDENTITY_KEYS}
     if train["optimizer"] == "adamw":
         train = {k: v for k, v in train.items() if k not in OPTIMIZER_KEYS}
+    train = {k: v for k, v in train.items() if k not in _spike_keys_left_out(train)}
     if not legacy:
         train = {k: v for k, v in train.items() if k not in TRAIN_RUNTIME_FIELDS}
-    return {
+    ident = {
         "model": config.model.model_dump(mode="json"),
         "data": data_identity(config),
         "train": train,
         "format": TRAIN_FORMAT_VERSION,
     }
+    if config.data.shuffle:  # the reference order adds nothing: today's runs keep their address
+        ident["data_order"] = {"shuffle": True}
+    return ident
 
 
 def data_fingerprint(config: Config) -> str:

@@ -28,21 +28,23 @@ from datetime import datetime, timezone
 
 import torch
 
-from gpt2 import layout
+from gpt2 import layout, storage
+from gpt2.checkpoint import catalog, store
 from gpt2.checkpoint.lease import LeaseLost
 from gpt2.checkpoint.staging import staging_dir
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.distributed import any_rank
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
-from gpt2.train import memory
+from gpt2.train import memory, rollback
 from gpt2.train.failure_board import FailureBoard
 from gpt2.train.hellaswag_in_loop import InLoopHellaSwag
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.rank_failures import RankFailures
 from gpt2.train.report import log_loss_curve, log_samples
-from gpt2.train.session import Session, TrainingError, rng_state
+from gpt2.train.session import Session, TrainingError, restore, rng_state, shared_checkpoint
+from gpt2.train.spikes import Spikes, Verdict
 from gpt2.train.step import evaluate, train_step_with_flags, unwrapped
 from gpt2.train.throughput import Throughput, mfu, now, peak_flops, synchronize
 
@@ -59,6 +61,8 @@ class Outcome:
     tokens_per_second: float
     mlflow_run_id: str | None
     preempted: bool = False
+    spikes: dict | None = None
+    """Loss spikes of the run (gpt2.train.spikes.Spikes.counts)."""
 
 
 def _every(done: int, interval: int, last: int) -> bool:
@@ -67,12 +71,15 @@ def _every(done: int, interval: int, last: int) -> bool:
 
 class Loop:
     def __init__(self, session: Session, progress: Progress | None, parent_run_id: str | None,
-                 tags: dict | None, stop) -> None:
+                 tags: dict | None, stop, attempt=None) -> None:
+        """`attempt`: this attempt's record (gpt2.train.attempts.Attempt), told of every spike."""
         self.s, self.cfg, self.progress, self.stop = session, session.config, progress, stop
+        self.attempt = attempt
         self.run_name, self.run_dir = layout.run_name(self.cfg), layout.run_dir(self.cfg)
         state = session.resumed_state
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
+        self.spikes = self._spikes(state)
         # Every rank writes its share of each checkpoint; rank 0 commits it and reports its timings.
         self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url,
                                        fence=session.lease.check if session.lease else None,
@@ -118,11 +125,19 @@ class Loop:
                 self.board.close()  # after the others read this rank's failure, if it posted one
                 self.tracker.close(status)
         return Outcome(self.run_name, last, self._steps_done(), self.train_loss, self.val_loss,
-                       self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted)
+                       self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted,
+                       self.spikes.counts())
+
+    def _spikes(self, state: dict) -> Spikes:
+        cfg = self.cfg.train
+        return Spikes(cfg.spike_zscore, cfg.spike_window, cfg.on_spike, state.get("spikes"))
 
     def _train(self) -> bool:
         """The steps, until the last or an agreed stop (True: preempted)."""
-        for step in range(self.s.start_step, self.cfg.train.max_steps):
+        if self.spikes.rolls_back and self.s.resumed_url is None:
+            self._save(0)  # a spike before the first checkpoint goes back to the start
+        step = self.s.start_step
+        while step < self.cfg.train.max_steps:
             done, agreed = self._step(step)
             self.board.check(done)  # NCCL: a peer's failure aborted the step's collectives
             # One process reads its flags now; several act on what the step's all-reduce carried.
@@ -136,6 +151,7 @@ class Loop:
                 if self.saved_step != done:
                     self._save(done)
                 return True
+            step = done  # a rollback's: the checkpoint's step
         if any_rank(self.failures.failure is not None, self.s.env):  # after the last step's flags
             self.failures.raise_agreed(self._steps_done())
         return False
@@ -159,7 +175,8 @@ class Loop:
         return self.history["train"][-1][0] if self.history["train"] else self.s.start_step
 
     def _step(self, step: int) -> tuple[int, list[bool]]:
-        """Steps done, and the flags of `_flags` as all ranks agreed on them."""
+        """Steps done (after a rollback, the step gone back to), and the flags
+        of `_flags` as all ranks agreed on them."""
         s, cfg = self.s, self.cfg.train
         lr = lr_at(step, cfg)
         set_lr(s.optimizer, lr)
@@ -175,8 +192,10 @@ class Loop:
             self.failures.survive(err, f"fetching the batches of step {step + 1}")
             batches = s.loader.stand_in_batches()
         data_wait = s.loader.source.wait_seconds - waited
+        keep = self.spikes.keep_update(step + 1) if self.spikes.skips_updates else None
         try:
-            loss, norm, agreed = train_step_with_flags(s.model, s.raw_model, s.optimizer, batches, s.ctx, self._flags)
+            loss, norm, agreed = train_step_with_flags(s.model, s.raw_model, s.optimizer, batches, s.ctx, self._flags,
+                                                       keep)
         except torch.OutOfMemoryError as err:
             raise TrainingError(memory.oom_message(self.cfg, s.micro_batch, s.env.device, step + 1, err)) from err
         synchronize(s.env.device)
@@ -185,12 +204,19 @@ class Loop:
         stop, lost, failed = agreed  # one process: its own flags, read before the step
         if failed:
             self.failures.raise_agreed(done)
-        if not math.isfinite(loss):
+        self.throughput.add(cfg.total_batch_tokens, dt)
+        verdict = self.spikes.last if keep is not None else self.spikes.judge(done, loss, norm)
+        spike = verdict is not None and verdict.spike and not lost  # a lost lease: stopping without writing
+        if spike and self.spikes.rolls_back:
+            return self._roll_back(verdict, done), agreed
+        if spike:
+            self._tell(self.spikes.event(verdict))
+        dropped = spike and self.spikes.skips_updates  # a non-finite step's update too: the weights are intact
+        if not math.isfinite(loss) and not dropped:
             raise self.failures.agree(TrainingError(
                 f"loss is {loss} at step {done} of {cfg.max_steps}: training diverged; the last good checkpoint "
                 f"is {self._last_checkpoint() or '(none yet)'}; lower train.lr or raise train.warmup_steps"
             ))
-        self.throughput.add(cfg.total_batch_tokens, dt)
         self.train_loss = loss
         self.history["train"].append([done, loss])
         # A stop agreed at this step goes straight to the checkpoint (in the kill window).
@@ -207,6 +233,62 @@ class Loop:
         if not lost and _every(done, cfg.checkpoint_every, cfg.max_steps):
             self._save(done)
         return done, agreed
+
+    def _tell(self, event: dict) -> None:
+        """A spike event in the log, MLflow (at its step) and the attempt record (rank 0)."""
+        log.warning("loss spike at step %s: loss %.4g (z %.1f), grad norm %.4g (z %.1f): %s", event["step"],
+                    *(float(event[k]) for k in ("loss", "loss_z", "grad_norm", "grad_norm_z")), {
+                        "warned": "training on (train.on_spike=warn)", "skipped": "update dropped",
+                        "rollback": f"rolled back to step {event.get('to_step')}"}[event["action"]])
+        if not self.s.env.is_main:
+            return
+        metrics = {f"spikes/{event['action']}": float(event.get("to_step", 1))}
+        metrics.update({f"spikes/{k}": event[k] for k in ("loss_z", "grad_norm_z") if isinstance(event[k], float)})
+        self.tracker.log_metrics(metrics, step=event["step"])
+        if self.attempt is not None:
+            self.attempt.spike(event)
+
+    def _roll_back(self, verdict: Verdict, done: int) -> int:
+        """Back to the newest checkpoint before step `done`, the data past every
+        batch trained since (gpt2.train.rollback); returns that checkpoint's step.
+        Past train.max_rollbacks the run fails instead."""
+        limit = self.cfg.train.max_rollbacks
+        if self.spikes.rollbacks() >= limit:
+            raise self.failures.agree(TrainingError(rollback.too_many(verdict.describe(), self.spikes.events, limit)))
+        self._last_checkpoint()  # the save in flight may be the one to go back to
+        ckpt, error, record = None, None, None
+        if self.s.env.is_main:
+            try:
+                ckpt, record = self._record_rollback(verdict, done)
+            except Exception as err:  # noqa: BLE001 - every rank must hear of it (shared_checkpoint)
+                error = err
+        ckpt = shared_checkpoint(ckpt, error, self.s.env)
+        restore(self.s, ckpt)
+        state = ckpt.state
+        self.history = state.get("history", {"train": [], "val": []})
+        self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
+        self.spikes, self.saved_step = self._spikes(state), ckpt.step
+        if record is not None:
+            self._tell(rollback.rollback_event(record))
+            if self.attempt is not None:
+                self.attempt.rolled_back(done - ckpt.step, ckpt.step)
+        return ckpt.step
+
+    def _record_rollback(self, verdict: Verdict, done: int) -> tuple[store.Checkpoint, dict]:
+        """Rank 0: read the checkpoint to go back to, and write the rollback's
+        record beside it before anything else (fenced by the lease)."""
+        url = rollback.newest_before(catalog.complete_checkpoints(self.run_dir), done)
+        if url is None:
+            raise TrainingError(f"loss spike at {verdict.describe()}: no checkpoint before it to roll back to")
+        ckpt = store.load_checkpoint(url, optimizer=False)
+        number = self.spikes.rollbacks() + 1
+        record = {"rollback": number, "at_step": done, "to_step": ckpt.step,
+                  "data_from": rollback.folded(ckpt.state, rollback.read_records(url))["loader"],
+                  "data_to": self.s.loader.state_dict(), "verdict": verdict.to_dict()}
+        if self.s.lease is not None:
+            self.s.lease.check()
+        storage.write_record(rollback.record_url(url, number), record)
+        return ckpt, record
 
     def _validate(self, done: int) -> float | None:
         if not _every(done, self.cfg.train.eval_every, self.cfg.train.max_steps):
@@ -296,4 +378,5 @@ class Loop:
             "saved_at": datetime.now(timezone.utc).isoformat(),
             # Copied: the writer thread serializes this while the loop appends.
             "history": {k: [list(p) for p in v] for k, v in self.history.items()},
+            "spikes": self.spikes.state_dict(),
         }

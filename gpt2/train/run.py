@@ -17,6 +17,7 @@ from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
+from gpt2.ladder import stop_if_left
 from gpt2.train.session import TrainingError, open_session, resolve_compile, take_lease
 from gpt2.train.startup import StartupParts
 
@@ -53,6 +54,9 @@ class TrainResult:
     compile_cache: str | None = None
     """The compiled program (gpt2.compile_cache): `loaded` from the run (a warm start), `saved` to it,
     `absent` or `refused` (compiled cold, not saved); None without runtime.compile."""
+    spikes: dict | None = None
+    """Loss spikes of the run so far, by what was done (train.on_spike): `warned`, `skipped`,
+    `rollbacks` (gpt2.train.spikes); the rolled-back timelines' own warnings and skips are not counted."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,13 +110,15 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             guard.installed():
         with clock.part("lease"):
             lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
-        attempt = Attempt.begin(config, env, lease, started)  # gpt2.train.attempts: what this attempt cost
+            stop_if_left(config, lease, (tags or {}).get("prefect.flow_run_id"))  # gpt2.ladder: a rung left
+        # gpt2.train.attempts: what this attempt cost, on which pool
+        attempt = Attempt.begin(config, env, lease, started, (tags or {}).get("prefect.work_pool"))
         try:
             session = open_session(config, env, fresh, lease, clock)
             attempt.resumed(session.start_step, config.train.max_steps)
             warmup = _Warmup(attempt.progress(progress), resolve_compile(config.runtime.compile, env.device), clock,
                              attempt)
-            loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard)
+            loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard, attempt=attempt)
             outcome = loop.run()
         except BaseException as err:
             attempt.end("error", f"{type(err).__name__}: {err}")
@@ -134,4 +140,5 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             world_size=env.world_size, warmup_s=_warmup_s(loop),
             shard_optimizer=session.memory.shard_optimizer, recompute=session.memory.recompute, bill=bill,
             compile_cache=session.compile_cache.status if session.compile_cache else None,
+            spikes=outcome.spikes,
         )

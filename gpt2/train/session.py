@@ -27,7 +27,7 @@ from gpt2.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, contr
 from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
-from gpt2.train import memory
+from gpt2.train import memory, rollback
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.startup import StartupParts
@@ -96,24 +96,50 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
             error = err
         if ckpt is None and error is None:
             _log_siblings(config)
-    if env.is_distributed:
-        # The file names too: a checkpoint written on several ranks has one optimizer share per rank.
-        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None,
-               ckpt.entries if ckpt else None]
-        dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's read: long timeout
-        if box[1] and error is None:
-            error = store.CheckpointError(box[1])
-        if box[0]:
-            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in box[2]}
-            if not env.is_main:
-                ckpt = store.decode_checkpoint(box[0], files, box[3])
-    if ckpt is not None:
-        ckpt.files = None  # decoded and sent: no second copy in memory
-    if error is not None:
-        raise error
+    ckpt = shared_checkpoint(ckpt, error, env)
     if ckpt:
         log.info("resuming from %s (step %d)", ckpt.url, ckpt.step)
     return ckpt
+
+
+def shared_checkpoint(ckpt: store.Checkpoint | None, error: Exception | None,
+                      env: DistEnv) -> store.Checkpoint | None:
+    """Rank 0's checkpoint (read and verified there) on every rank, its state
+    folded with the rollbacks recorded beside it (gpt2.train.rollback); rank
+    0's error raised on every rank. A collective."""
+    records = []
+    if env.is_main and ckpt is not None and error is None:
+        try:
+            records = rollback.read_records(ckpt.url)
+        except Exception as err:  # noqa: BLE001 - every rank must hear of it
+            error = store.CheckpointError(f"the rollback records of {ckpt.url} cannot be read: {err}")
+    if env.is_distributed:
+        # The file names too: a checkpoint written on several ranks has one optimizer share per rank.
+        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None,
+               ckpt.entries if ckpt else None, records]
+        dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's read: long timeout
+        if box[1] and error is None:
+            error = store.CheckpointError(box[1])
+        if box[0] and not box[1]:
+            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in box[2]}
+            if not env.is_main:
+                ckpt = store.decode_checkpoint(box[0], files, box[3])
+        records = box[4]
+    if error is not None:
+        raise error
+    if ckpt is not None:
+        ckpt.files = None  # decoded and sent: no second copy in memory
+        ckpt.state = rollback.folded(ckpt.state, records)
+    return ckpt
+
+
+def restore(session: Session, ckpt: store.Checkpoint) -> None:
+    """Put a checkpoint (from `shared_checkpoint`) back into a running session:
+    weights, optimizer state, RNG and data position, on every rank."""
+    store.load_weights(session.raw_model, ckpt.model)
+    load_state(session.optimizer, rank_state(ckpt.url, ckpt.entries, session.optimizer, session.env))
+    restore_rng(ckpt.rng, session.env.device)
+    session.loader.load_state_dict(ckpt.state["loader"])
 
 
 def _from_earlier_release(config: Config) -> store.Checkpoint | None:

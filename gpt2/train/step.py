@@ -43,14 +43,19 @@ def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: to
 
 
 def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                          batches: list[Batch], ctx: StepContext,
-                          flags: Callable[[], Sequence[bool]]) -> tuple[float, float, list[bool]]:
+                          batches: list[Batch], ctx: StepContext, flags: Callable[[], Sequence[bool]],
+                          keep_update: Callable[[float, float], bool] | None = None
+                          ) -> tuple[float, float, list[bool]]:
     """`train_step`, also agreeing on this rank's `flags` (read just before
     the loss all-reduce, which carries them): each is returned true on every
     rank when it was true on any, with no collective of its own.
 
     The host waits for the device once, at the end (`.tolist()`); the batches
-    are copied with non_blocking=True (asynchronous from pinned memory)."""
+    are copied with non_blocking=True (asynchronous from pinned memory).
+    With `keep_update(loss, grad_norm)` that one read comes before the
+    optimizer step instead, and the optimizer steps only if it answers True
+    (train.on_spike=skip): a dropped update leaves the optimizer state as it
+    was. Every rank reads the same all-reduced numbers, so all agree."""
     device = ctx.env.device
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
@@ -61,10 +66,14 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
     all_reduce(carried, ctx.env)  # the mean: a flag true on any rank stays > 0
     max_norm = ctx.grad_clip if ctx.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
-    optimizer.step()
-    # The one host sync, for all the numbers, after the optimizer step is queued.
+    if keep_update is None:
+        optimizer.step()
+    # The one host sync, for all the numbers, after the optimizer step is queued
+    # (before it, where the numbers decide whether it runs).
     loss_value, norm_value, *agreed = torch.cat([carried[:1], norm.to(loss_sum.dtype).reshape(1),
                                                  carried[1:]]).tolist()
+    if keep_update is not None and keep_update(loss_value, norm_value):
+        optimizer.step()
     return loss_value, norm_value, [v > 0 for v in agreed]
 
 
