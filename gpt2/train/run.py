@@ -17,7 +17,6 @@ from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
-from gpt2.ladder import stop_if_left
 from gpt2.train.session import TrainingError, open_session, resolve_compile, take_lease
 from gpt2.train.startup import StartupParts
 
@@ -110,9 +109,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             guard.installed():
         with clock.part("lease"):
             lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
-            stop_if_left(config, lease, (tags or {}).get("prefect.flow_run_id"))  # gpt2.ladder: a rung left
-        # gpt2.train.attempts: what this attempt cost, on which pool
-        attempt = Attempt.begin(config, env, lease, started, (tags or {}).get("prefect.work_pool"))
+        attempt = Attempt.begin(config, env, lease, started)  # gpt2.train.attempts: what this attempt cost
         try:
             session = open_session(config, env, fresh, lease, clock)
             attempt.resumed(session.start_step, config.train.max_steps)
