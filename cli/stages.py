@@ -146,7 +146,12 @@ def run(
 ) -> None:
     """Prepare, train, evaluate and export: every stage cached, so a rerun
     (or a rerun after a crash) only does what is missing."""
-    _check_device(load_config(preset, sets, root))
+    config = load_config(preset, sets, root)
+    if config.runtime.gpu_pools:
+        from gpt2.ladder import IN_PROCESS
+
+        fail(IN_PROCESS)
+    _check_device(config)
     # Any stage's error ends the pipeline; the flow already logged its traceback.
     config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, errors=(Exception,))
     guide = where_things_are(config, result)

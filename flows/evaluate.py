@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.entry import flow_main
+from flows.ladder import left_state
 from flows.stages import publish_result
 from gpt2 import storage
 from gpt2.checkpoint.ref import resolve_checkpoint
@@ -49,6 +50,8 @@ def eval_flow(
     # `latest` finds the same run; a named checkpoint needs no run name.
     config = with_resolved_steps(resolve_config(preset, overrides or {}, root=root),
                                  required=checkpoint in (None, "", "latest"))
+    if (left := left_state(config)) is not None:
+        return left
     result = run_eval_stage(config, checkpoint, parent_run_id)
     publish_result(config, result)
     return result

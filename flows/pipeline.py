@@ -24,8 +24,9 @@ from prefect.runtime import deployment, flow_run
 from flows.entry import flow_main
 from flows.stages import run_stage_deployment, stage_overrides
 from flows.summary import where_things_are
-from gpt2 import bill, layout, storage
+from gpt2 import bill, ladder, layout, storage
 from gpt2.config import Config
+from gpt2.errors import UserError
 from gpt2.overrides import resolve_config
 from gpt2.secrets import redact
 from gpt2.steps import EPOCH, with_resolved_steps
@@ -51,6 +52,23 @@ def parent_tracker(config: Config, preset: str) -> Tracker:
     if record and tracker.run_id and run_id is None:
         storage.write_record(record, {"mlflow_run_id": tracker.run_id})
     return tracker
+
+
+class LadderInProcess(UserError):
+    """runtime.gpu_pools given to a pipeline that runs its stages in this process."""
+
+
+def check_ladder(config: Config) -> None:
+    """A ladder of GPU pools is a choice of deployments: refused, by name, where
+    the stages run in this process, and checked against the server's deployments
+    before any stage starts."""
+    if not config.runtime.gpu_pools:
+        return
+    if not deployment.id:
+        raise LadderInProcess(ladder.IN_PROCESS)
+    from flows.ladder import check_deployed
+
+    check_deployed(config)
 
 
 def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id: str | None) -> dict[str, Any]:
@@ -122,6 +140,8 @@ def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> 
         "registered_model": export.get("registered_model"),
         "model_version": export.get("model_version"),
         "cached_stages": [s for s in STAGES if results[s].get("cached")],
+        # The ladder of GPU pools: per GPU stage, the rungs tried in order and why each was left.
+        "rungs": {s: results[s]["rungs"] for s in ("train", "evaluate") if results[s].get("rungs")},
         "stage_mlflow_run_ids": {s: results[s].get("mlflow_run_id") for s in STAGES},
     }
 
@@ -132,8 +152,11 @@ def pipeline_bill(config: Config, results: dict[str, dict[str, Any]], seconds: d
     cached stage ran nothing and adds nothing."""
     hours = {s: bill.stage_hours(seconds[s], bool(results[s].get("cached"))) for s in STAGES}
     train = None if results["train"].get("cached") else results["train"].get("bill")
+    # On a ladder, evaluate is priced at the rung it completed on (the waits on rungs it left ran nothing).
+    evaluated_on = (results["evaluate"].get("rungs") or [{}])[-1].get("pool")
     return bill.pipeline_bill(train, hours["data"] + hours["export"], hours["evaluate"],
-                              config.runtime.price_per_hour, config.runtime.cpu_price_per_hour)
+                              ladder.price_for(config, evaluated_on), config.runtime.cpu_price_per_hour,
+                              evaluated_on)
 
 
 @flow(name="gpt2", log_prints=False)
@@ -143,6 +166,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     overrides = dict(overrides or {})
     config = resolve_config(preset, overrides)
     logger = get_run_logger()
+    check_ladder(config)
     params = {"preset": preset, "overrides": overrides}
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}

@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 
-from gpt2 import layout, storage
+from gpt2 import ladder, layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
 from gpt2.secrets import redact, url_has_credentials
@@ -75,8 +75,9 @@ def check_root_reachable(config: Config) -> None:
     if layout.local_root(config) is None:
         return
     elsewhere = []
+    rungs = [(stage, ladder.deployment(stage, rung.pool)) for rung in config.runtime.gpu_pools for stage in ladder.FLOWS]
     with get_client(sync_client=True) as client:
-        for stage, name in DEPLOYMENTS.items():
+        for stage, name in [*DEPLOYMENTS.items(), *rungs]:
             pool = client.read_work_pool(client.read_deployment_by_name(name).work_pool_name)
             if pool.type != "process":
                 elsewhere.append(f"{stage} (work pool {pool.name}, type {pool.type})")
@@ -157,17 +158,30 @@ def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf")) -> F
 
 def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any], parent_key: str,
                          grace_s: float = RESCHEDULE_GRACE_S) -> dict[str, Any]:
-    """Start (or re-attach to) a stage's deployment run and return its result."""
-    logger = get_run_logger()
+    """Start (or re-attach to) a stage's deployment run and return its result;
+    a GPU stage goes down the ladder of GPU pools when one is given
+    (flows.ladder), with the rungs it tried in the result's `rungs`."""
     check_root_reachable(config)
+    if config.runtime.gpu_pools and stage in ladder.FLOWS:
+        from flows.ladder import run_on_ladder
+
+        run, left = run_on_ladder(stage, config, parameters, parent_key, grace_s)
+        rungs = [{"pool": e["pool"], "left": e["why"], "flow_run": e["flow_run"]} for e in left]
+        return {**_result(stage, config, run), "rungs": rungs + [{"pool": run.work_pool_name, "left": None,
+                                                                   "flow_run": run.name}]}
     child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
-    logger.info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
+    get_run_logger().info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
     run = _settled(child.id, grace_s, config.runtime.stage_start_timeout_s)
     if run.state is None or run.state.type != StateType.COMPLETED:
         state = run.state.name if run.state else "unknown"
         message = run.state.message if run.state else ""
         raise StageFailed(f"stage {stage} (flow run {run.name}) ended {state}: {message}")
+    return _result(stage, config, run)
+
+
+def _result(stage: str, config: Config, run: FlowRun) -> dict[str, Any]:
+    """A completed stage run's published result (publish_result)."""
     url = results_url(config, str(run.id))
     result = storage.read_record(url)
     if result is None:

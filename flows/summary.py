@@ -20,7 +20,21 @@ def describe_bill(bill: dict[str, Any] | None) -> str:
             f"{bill['startup_s']:,.0f} s start-up, cost {cost}")
     if "cpu_hours" in bill:
         line += f"; CPU stages {bill['cpu_hours']:,.3f} h"
+    pools = {pool: part for pool, part in (bill.get("pools") or {}).items() if pool != "unknown"}
+    if pools:  # where the GPU hours went, on a ladder of GPU pools
+        line += "\n  by pool: " + "; ".join(
+            f"{pool} {part['attempts']} attempt(s), {part['device_hours']:,.3f} device-hours, cost "
+            + (f"{part['cost']:,.2f}" if part.get("cost") is not None else "unknown") for pool, part in pools.items())
     return line
+
+
+def describe_rungs(rungs: dict[str, list[dict]] | None) -> list[str]:
+    """The ladder of GPU pools, per GPU stage: the rungs tried in order, why each was left."""
+    lines = []
+    for stage, tried in (rungs or {}).items():
+        steps = [f"left {r['left']}" if r["left"] else f"ran on {r['pool']}" for r in tried]
+        lines.append(f"  {stage + ' rungs:':18}" + " -> ".join(steps))
+    return lines
 
 
 def _figure(value: float | None) -> str:
@@ -58,5 +72,6 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
         f"v{result['model_version']})",
         f"  MLflow UI:        {ui}",
         f"  {describe_bill(result.get('bill'))}",
+        *describe_rungs(result.get("rungs")),
     ]
     return "\n".join(lines)

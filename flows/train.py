@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.entry import flow_main
+from flows.ladder import left_state
 from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.checkpoint import store
@@ -93,6 +94,8 @@ def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, r
     """Train a preset plus dotted-key overrides; returns the training result."""
     # `epoch` becomes a number first: the run's name depends on it.
     config = with_resolved_steps(resolve_config(preset, overrides or {}, root=root))
+    if (left := left_state(config)) is not None:
+        return left
     get_run_logger().info("training %s (%d steps) -> %s", layout.run_name(config),
                           config.train.max_steps, layout.run_dir(config))
     result = run_train_stage(config, fresh, parent_run_id)

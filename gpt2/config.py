@@ -190,6 +190,33 @@ class TrackingConfig(_Section):
     """MLflow experiment name."""
 
 
+class GpuPool(_Section):
+    """One rung of the ladder of GPU pools (runtime.gpu_pools): a Prefect work pool
+    that has the train and evaluate deployments (prefect.yaml), its price, and how
+    long a run may wait or be preempted there before the run moves down a rung."""
+
+    pool: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    """The work pool's name (its deployments are `train-<pool>` and
+    `evaluate-<pool>`; pool `gpu`'s are `train` and `evaluate`)."""
+    price_per_hour: float | None = Field(None, ge=0)
+    """Price of one device (GPU) on this pool for an hour; None: runtime.price_per_hour."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """How long a run may wait here to start (no worker, no machine) before the run
+    moves down a rung; on the last rung runtime.stage_start_timeout_s applies."""
+    max_preemptions: int = Field(3, ge=1)
+    """Preemptions on this pool after which the run moves down a rung (on the last
+    rung the reschedule automation's own cap applies)."""
+
+    @classmethod
+    def parse(cls, text: str) -> dict:
+        """`pool[:price[:start_timeout_s[:max_preemptions]]]`, the `--set` shorthand."""
+        parts = text.strip().split(":")
+        keys = ("pool", "price_per_hour", "start_timeout_s", "max_preemptions")
+        if len(parts) > len(keys):
+            raise ValueError(f"rung {text!r} has more than pool:price:start_timeout_s:max_preemptions")
+        return {k: v for k, v in zip(keys, parts) if v != ""}
+
+
 class RuntimeConfig(_Section):
     root: str = Field(default_factory=lambda: os.environ.get(ROOT_ENV) or "file://./artifacts")
     """Artifact root (fsspec URL) where every output lives; default $GPT2_ROOT,
@@ -277,6 +304,30 @@ class RuntimeConfig(_Section):
     """How often a training attempt's record in the run directory is brought up to date
     (its steps and time; gpt2.train.attempts). An attempt killed without notice is billed
     up to its last update, so this is what such a kill can leave out of the bill."""
+    gpu_pools: tuple[GpuPool, ...] = ()
+    """The ladder of GPU pools, cheapest first: the train and evaluate stages of a
+    pipeline run from a deployment start on the first rung and move down when a rung
+    does not start them within its start_timeout_s, crashes them before they run, or
+    preempts them max_preemptions times. A list of {pool, price_per_hour,
+    start_timeout_s, max_preemptions}, or on the command line
+    `gpu-spot:1.2:600:3,gpu:3.9`. Empty: the one `gpu` pool of prefect.yaml."""
+
+    @field_validator("gpu_pools", mode="before")
+    @classmethod
+    def _rungs(cls, value):
+        if isinstance(value, str):
+            return [GpuPool.parse(part) for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("gpu_pools")
+    @classmethod
+    def _distinct_rungs(cls, rungs):
+        names = [r.pool for r in rungs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"names pool {', '.join(twice)} more than once; each rung is one pool")
+        return rungs
+
     keep_intermediate: Literal["inputs", "all", "none"] = "inputs"
     """Local copies the data stage keeps once its output is safe: `inputs` keeps the
     downloaded source and the token parts (new limits or a new data.shard_size redo

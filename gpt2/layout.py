@@ -185,6 +185,18 @@ def parent_record(config: Config, flow_run_id: str) -> str:
     return storage.join(root(config), "pipeline", "parents", f"{flow_run_id}.json")
 
 
+def ladder_record(config: Config, parent_flow_run_id: str, stage: str) -> str:
+    """The rungs a pipeline's GPU stage left and why (gpt2.ladder), so a
+    restarted parent carries on from the rung it was on."""
+    return storage.join(root(config), "pipeline", "ladders", f"{parent_flow_run_id}-{stage}.json")
+
+
+def left_run_marker(root_url: str, flow_run_id: str) -> str:
+    """Written before the ladder cancels a stage's run on a rung it leaves: that
+    run, if it starts anyway (the race), stops before training or evaluating."""
+    return storage.join(root_url, "pipeline", "left-runs", str(flow_run_id))
+
+
 def local_root(config: Config) -> Path | None:
     """The root as a local directory, None for remote roots (by scheme, not
     via fsspec: instantiating a cloud filesystem may probe for credentials)."""

@@ -26,6 +26,15 @@ class ConfigError(ValueError):
         )
 
 
+def _where(loc: tuple) -> str:
+    """A field's dotted key; an item of a list field by its index
+    (`runtime.gpu_pools[1].price_per_hour`)."""
+    where = ".".join(str(p) for p in loc[:2]) or "config"
+    if len(loc) > 2 and isinstance(loc[2], int):
+        where += f"[{loc[2]}]" + "".join(f".{p}" for p in loc[3:4])
+    return where
+
+
 def parse_value(text: str) -> Any:
     """`--set` values are JSON when they parse as JSON (numbers, true, null,
     lists), plain strings otherwise, so `data.source=gs://b/x` needs no quotes."""
@@ -104,7 +113,7 @@ def resolve_config(
         # `auto`) fails once per kind: one problem per field, its reasons joined.
         by_field: dict[str, list[dict]] = {}
         for e in err.errors():
-            by_field.setdefault(".".join(str(p) for p in e["loc"][:2]) or "config", []).append(e)
+            by_field.setdefault(_where(e["loc"]), []).append(e)
         for where, errs in by_field.items():
             e = errs[0]
             got = f" (got {e.get('input')!r})" if e["loc"] and not isinstance(e.get("input"), dict) else ""

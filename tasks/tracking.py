@@ -9,6 +9,7 @@ gets these tags through `flow_run_tags`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from pathlib import Path
@@ -26,10 +27,27 @@ if TYPE_CHECKING:  # the checkpoint package loads torch: the parent flow, which 
 
 
 def flow_run_tags() -> dict[str, str]:
-    """{"prefect.flow_run_id": …} inside a flow run, {} outside one."""
+    """{"prefect.flow_run_id": …, "prefect.work_pool": …} inside a flow run (the
+    pool only for a deployment's run: the ladder of GPU pools prices each
+    training attempt by it), {} outside one."""
     from prefect.runtime import flow_run
 
-    return {"prefect.flow_run_id": str(flow_run.id)} if flow_run.id else {}
+    if not flow_run.id:
+        return {}
+    pool = _work_pool(str(flow_run.id))
+    return {"prefect.flow_run_id": str(flow_run.id), **({"prefect.work_pool": pool} if pool else {})}
+
+
+@functools.lru_cache(maxsize=8)
+def _work_pool(flow_run_id: str) -> str | None:
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(flow_run_id).work_pool_name
+    except Exception as err:  # noqa: BLE001 - a tag, never a reason for a stage to fail
+        log.warning("could not read the work pool of flow run %s: %s", flow_run_id, redact(str(err)))
+        return None
 
 
 def checkpoint_tags(ref: CheckpointRef) -> dict[str, str]:

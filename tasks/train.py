@@ -22,6 +22,7 @@ from gpt2.compile_cache import SECRET_ENV
 from gpt2.config import Config
 from gpt2.distributed import pick_device
 from gpt2.identity import train_fingerprint
+from gpt2.ladder import LeftRung
 from gpt2.launch.torchrun import train_stage
 from gpt2.preflight.child import PreflightFailed
 from gpt2.steps import with_resolved_steps
@@ -55,7 +56,7 @@ def share_compile_secret(config: Config) -> None:
 
 
 def _retryable(task, task_run, state) -> bool:
-    return not isinstance(state.result(raise_on_failure=False), (TrainingError, PreflightFailed, FileNotFoundError))
+    return not isinstance(state.result(raise_on_failure=False), (TrainingError, PreflightFailed, FileNotFoundError, LeftRung))
 
 
 @task(name="train", cache_key_fn=identity_cache_key("train", train_fingerprint), persist_result=True,

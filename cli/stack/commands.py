@@ -92,14 +92,32 @@ def _runs_page(mlflow_url: str, root: str) -> str:
     return ui_link(mlflow_url, found["id"])
 
 
+GpuPoolsOpt = typer.Option(None, "--gpu-pools", help="The ladder of GPU pools to stand up, comma-separated (e.g. "
+                           "gpu-spot,gpu): one local process pool per rung, with its deployments from prefect.yaml. "
+                           "The `gpu` pool is always there.")
+NoWorkerOpt = typer.Option(None, "--no-worker", help="Pools to leave without a worker (comma-separated, or repeated): "
+                           "a rung with no capacity, so a run there waits and the ladder moves on.")
+
+
+def _names(values: Optional[list[str]]) -> list[str]:
+    return [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+
+
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
-       zombie_after_s: int = ZombieOpt, as_json: bool = JsonOpt) -> None:
+       zombie_after_s: int = ZombieOpt, gpu_pools: Optional[str] = GpuPoolsOpt,
+       no_worker: Optional[list[str]] = NoWorkerOpt, as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
     from cli.stack import services
+    from cli.stack.prefect_setup import LadderPoolsError, stack_pools
     from cli.stack.processes import ServiceError
 
     try:
-        state = services.up(_state_dir(state_dir), root, max_reschedules, say=_say, zombie_after_s=zombie_after_s)
+        pools = stack_pools(_names([gpu_pools] if gpu_pools else []), _names(no_worker))
+    except LadderPoolsError as err:
+        fail(str(err))
+    try:
+        state = services.up(_state_dir(state_dir), root, max_reschedules, say=_say, zombie_after_s=zombie_after_s,
+                            pools=pools)
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = services.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
@@ -110,9 +128,19 @@ def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, m
         f"login:       the auth string in {result['prefect_auth_file']}",
         f"MLflow UI:   {result['mlflow_runs_url']}",
         f"artifacts:   {result['root']}",
+        f"work pools:  {services.describe_pools(result['pools'])}",
         f"logs:        {Path(result['state_dir']) / 'logs'}",
-        "next:        prefect deployment run gpt2/full-pipeline",
+        "next:        prefect deployment run gpt2/full-pipeline" + _ladder_hint(result["pools"]),
     ]))
+
+
+def _ladder_hint(pools: dict[str, bool]) -> str:
+    """With rungs beyond `gpu`, how to run a pipeline down them (cheapest first, as listed)."""
+    rungs = [pool for pool in pools if pool != "cpu"]
+    if rungs == ["gpu"]:
+        return ""
+    ladder = ",".join(rungs)
+    return f" --param overrides='{{\"runtime.gpu_pools\": \"{ladder}\"}}'"
 
 
 def down(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:

@@ -10,16 +10,45 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from flows import deployment_file
 
 PROFILE = "gpt2-local"
-# Work pool name -> base job template the local stack creates it with.
+# Work pool name -> base job template the local stack creates it with; every
+# other pool it stands up (a rung of the ladder of GPU pools) is a GPU pool.
 LOCAL_POOLS = {"cpu": "process-cpu", "gpu": "process-gpu"}
-# One local accelerator: one run on it at a time. The cpu pool runs the parent
-# next to its stages, so it has no limit.
-POOL_CONCURRENCY = {"gpu": 1}
+GPU_TEMPLATE = "process-gpu"
+# One local accelerator: one run on each GPU pool at a time. The cpu pool runs
+# the parent next to its stages, so it has no limit.
+CPU_POOL = "cpu"
+
+
+class LadderPoolsError(ValueError):
+    """`gpt2 stack up --gpu-pools/--no-worker` names a pool it cannot stand up."""
+
+
+def stack_pools(gpu_pools: list[str], no_worker: list[str]) -> dict[str, bool]:
+    """The pools the stack stands up, each with whether a worker polls it: `cpu`
+    and `gpu` as always, plus each GPU pool of the ladder (`--gpu-pools`; each
+    must have its deployments in prefect.yaml), without a worker where asked
+    (`--no-worker`: a rung with no capacity)."""
+    deployed = {spec["work_pool"]["name"] for spec in deployment_file.deployments()}
+    problems = [f"--gpu-pools {p}: prefect.yaml has no deployments on work pool {p!r} (it has: "
+                f"{', '.join(sorted(deployed - {CPU_POOL}))}); add its train-{p} and evaluate-{p}"
+                for p in gpu_pools if p not in deployed]
+    problems += [f"--gpu-pools {CPU_POOL}: the cpu pool is not a GPU pool" for p in gpu_pools if p == CPU_POOL]
+    pools = {CPU_POOL: True, **{p: True for p in gpu_pools}, "gpu": True}  # the ladder's order, cheapest first
+    problems += [f"--no-worker {p}: not a pool of this stack ({', '.join(pools)})" for p in no_worker if p not in pools]
+    problems += [f"--no-worker {CPU_POOL}: the parent and the data stage run there" for p in no_worker if p == CPU_POOL]
+    if problems:
+        raise LadderPoolsError("; ".join(problems))
+    return {p: p not in no_worker for p in pools}
+
+
+def stack_deployments(pools: dict[str, bool]) -> list[str]:
+    """prefect.yaml's deployments on the stack's pools (the ladder's other rungs are left out)."""
+    return [spec["name"] for spec in deployment_file.deployments() if spec["work_pool"]["name"] in pools]
 
 
 def client_env(api_url: str, auth: str | None) -> dict[str, str]:
@@ -88,15 +117,16 @@ def active_profile() -> str | None:
     return load_profiles().active_name
 
 
-def create_pools(api_url: str, auth: str) -> None:
-    """The local `cpu` and `gpu` process pools with our base job templates (replaced if present)."""
+def create_pools(api_url: str, auth: str, pools: Iterable[str] = tuple(LOCAL_POOLS)) -> None:
+    """The local process pools (`cpu`, `gpu`, the ladder's rungs) with our base job templates (replaced if present)."""
     from prefect.client.schemas.actions import WorkPoolCreate
 
     with client(api_url, auth) as c:
-        for pool, template in LOCAL_POOLS.items():
+        for pool in pools:
+            template = LOCAL_POOLS.get(pool, GPU_TEMPLATE)
             spec = WorkPoolCreate(name=pool, type="process", base_job_template=deployment_file.pool_template(template),
                                   description=f"Local process pool `{pool}` (gpt2 stack)",
-                                  concurrency_limit=POOL_CONCURRENCY.get(pool))
+                                  concurrency_limit=None if pool == CPU_POOL else 1)
             c.create_work_pool(spec, overwrite=True)
 
 
@@ -122,23 +152,27 @@ def replace_automations(c, max_reschedules: int, zombie_after_s: int) -> list[st
     return names
 
 
-def deploy_all(api_url: str, auth: str, env: dict[str, str], log_path: str) -> None:
-    """`prefect deploy --all` from the project directory against the stack's server."""
-    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"]
+def deploy_all(api_url: str, auth: str, env: dict[str, str], log_path: str,
+               names: list[str] | None = None) -> None:
+    """`prefect deploy --all` from the project directory against the stack's
+    server; `names`: only these deployments (`prefect deploy -n … -n …`), those
+    on the pools the stack stands up (prefect deploy refuses a missing pool)."""
+    selection = [arg for name in names for arg in ("-n", name)] if names is not None else ["--all"]
+    cmd = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", *selection]
     with open(log_path, "ab") as log:
         done = subprocess.run(cmd, cwd=deployment_file.PROJECT_DIR, env={**env, **client_env(api_url, auth)},
                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=300)
     if done.returncode != 0:
-        raise RuntimeError(f"`prefect deploy --all` failed (exit {done.returncode}); see {log_path}")
+        raise RuntimeError(f"`prefect deploy {' '.join(selection)}` failed (exit {done.returncode}); see {log_path}")
 
 
-def pool_status(api_url: str, auth: str | None) -> dict[str, str | None]:
+def pool_status(api_url: str, auth: str | None, pools: Iterable[str] = tuple(LOCAL_POOLS)) -> dict[str, str | None]:
     """Each local pool's status (READY once a worker polls it), None if missing."""
     from prefect.exceptions import ObjectNotFound
 
     out: dict[str, str | None] = {}
     with client(api_url, auth) as c:
-        for pool in LOCAL_POOLS:
+        for pool in pools:
             try:
                 status = c.read_work_pool(pool).status
                 out[pool] = status.value if status else None

@@ -197,25 +197,36 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], 
                   ROOT_ENV: state["root"],  # deployment runs write under the stack's root
                   deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR),
                   "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
-    for pool in prefect_setup.LOCAL_POOLS:
+    for pool in _worker_pools(state):
         # GPU runs send heartbeats for zombie detection. (No `--limit` here: in
         # Prefect 3.8 a worker with a limit dies when a crashed run it still
-        # counts comes back rescheduled; the gpu pool's own limit serves instead.)
-        extra = {deployment_file.HEARTBEAT_ENV: str(deployment_file.GPU_HEARTBEAT_S)} if pool == "gpu" else {}
+        # counts comes back rescheduled; the gpu pools' own limit serves instead.)
+        gpu = pool != prefect_setup.CPU_POOL
+        extra = {deployment_file.HEARTBEAT_ENV: str(deployment_file.GPU_HEARTBEAT_S)} if gpu else {}
         cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
                "--name", f"gpt2-{pool}"]
         state["processes"].append(processes.start(f"worker-{pool}", cmd, {**worker_env, **extra},
                                                   deployment_file.PROJECT_DIR, state_dir / "logs"))
 
 
-def _wait_pools_ready(api_url: str, auth: str, timeout: float) -> None:
+def _pools(state: dict[str, Any]) -> dict[str, bool]:
+    """The stack's pools, each with whether a worker polls it (a state file
+    from before the ladder of GPU pools has the two pools, both with workers)."""
+    return state.get("pools") or {pool: True for pool in prefect_setup.LOCAL_POOLS}
+
+
+def _worker_pools(state: dict[str, Any]) -> list[str]:
+    return [pool for pool, worker in _pools(state).items() if worker]
+
+
+def _wait_pools_ready(api_url: str, auth: str, timeout: float, pools: list[str]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(s == "READY" for s in prefect_setup.pool_status(api_url, auth).values()):
+        if all(s == "READY" for s in prefect_setup.pool_status(api_url, auth, pools).values()):
             return
         time.sleep(1)
     raise processes.ServiceError(f"workers did not start polling within {timeout:.0f} s: "
-                                 f"{prefect_setup.pool_status(api_url, auth)}")
+                                 f"{prefect_setup.pool_status(api_url, auth, pools)}")
 
 
 def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -224,33 +235,45 @@ def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES,
        say: Callable[[str], None] = print,
-       zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S) -> dict[str, Any]:
+       zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S,
+       pools: dict[str, bool] | None = None) -> dict[str, Any]:
     """Start the stack, or return the running one; stops a half-dead one first.
 
     `root` is the artifact root whose MLflow store the server serves (default:
     where the deployments write by default); runs with another
-    `runtime.root` log to that root's own store."""
+    `runtime.root` log to that root's own store. `pools`: the work pools to
+    stand up, each with whether a worker polls it (prefect_setup.stack_pools;
+    default `cpu` and `gpu`, both with workers)."""
+    pools = pools or {pool: True for pool in prefect_setup.LOCAL_POOLS}
     _private_dir(state_dir)
     with open(state_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second `up` at the same time waits, then finds this stack
         existing = read_state(state_dir)
         if existing and status(state_dir)["healthy"]:
             say("the stack is already up")
+            if _pools(existing) != pools:
+                say(f"note: its pools are {describe_pools(_pools(existing))}, not {describe_pools(pools)}: "
+                    "`gpt2 stack down` first to change them")
             return {**existing, "already_up": True}
         if existing:
             say("stopping the leftovers of an earlier stack")
             down(state_dir)
-        return _start(state_dir, root, (max_reschedules, zombie_after_s), say)
+        return _start(state_dir, root, (max_reschedules, zombie_after_s), say, pools)
 
 
-def _start(state_dir: Path, root: str | None, watch: tuple[int, int], say: Callable[[str], None]) -> dict[str, Any]:
+def describe_pools(pools: dict[str, bool]) -> str:
+    return ", ".join(pool + ("" if worker else " (no worker)") for pool, worker in pools.items())
+
+
+def _start(state_dir: Path, root: str | None, watch: tuple[int, int], say: Callable[[str], None],
+           pools: dict[str, bool]) -> dict[str, Any]:
     """`watch`: (max_reschedules, zombie_after_s) for the automations."""
     from gpt2 import storage
 
     state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(),
                              "project_dir": str(deployment_file.PROJECT_DIR), "state_dir": str(state_dir),
                              "profile": prefect_setup.PROFILE, "previous_profile": prefect_setup.active_profile(),
-                             "processes": []}
+                             "pools": pools, "processes": []}
     try:
         _up(state, state_dir, watch, say)
     except BaseException:
@@ -269,14 +292,15 @@ def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int], say: Cal
     api, procs = state["prefect_api_url"], _procs(state)
     processes.wait_http(procs["server"], f"{api}/health", SERVER_START_S)  # /health needs no auth string
     say("creating work pools and automations")
-    prefect_setup.create_pools(api, auth)
+    prefect_setup.create_pools(api, auth, _pools(state))
     state["automations"] = prefect_setup.apply_automations(api, auth, *watch)
     _start_workers(state, state_dir, env, auth)
     _write_state(state_dir, state)
     say("deploying prefect.yaml")
-    prefect_setup.deploy_all(api, auth, env, str(state_dir / "logs" / "deploy.log"))
+    prefect_setup.deploy_all(api, auth, env, str(state_dir / "logs" / "deploy.log"),
+                             prefect_setup.stack_deployments(_pools(state)))
     processes.wait_http(procs["mlflow"], f"{state['mlflow_url']}/health", MLFLOW_START_S)
-    _wait_pools_ready(api, auth, 60)
+    _wait_pools_ready(api, auth, 60, _worker_pools(state))
     state["previous_profile"] = prefect_setup.use_profile(api, auth)
     _write_state(state_dir, state)
 
@@ -339,15 +363,16 @@ def status(state_dir: Path) -> dict[str, Any]:
     if "mlflow" in parts:
         parts["mlflow"]["healthy"] = processes.http_ok(f"{state['mlflow_url']}/health")
     healthy_server = parts.get("server", {}).get("healthy")
-    pools = prefect_setup.pool_status(state["prefect_api_url"], read_auth(state_dir)) if healthy_server else {}
-    for pool in prefect_setup.LOCAL_POOLS:
+    watched = _worker_pools(state)
+    pools = prefect_setup.pool_status(state["prefect_api_url"], read_auth(state_dir), watched) if healthy_server else {}
+    for pool in watched:
         if f"worker-{pool}" in parts:
             part = parts[f"worker-{pool}"]
             part["pool"], part["pool_status"] = pool, pools.get(pool)
             part["healthy"] = part["alive"] and part["pool_status"] == "READY"
-    expected = {"server", "mlflow", *(f"worker-{p}" for p in prefect_setup.LOCAL_POOLS)}
+    expected = {"server", "mlflow", *(f"worker-{p}" for p in watched)}
     healthy = expected <= set(parts) and all(p["alive"] and p.get("healthy", True) for p in parts.values())
     keys = ("prefect_api_url", "prefect_ui_url", "mlflow_url", "root", "state_dir", "profile", "automations")
     return {"up": True, "healthy": healthy, **{k: state.get(k) for k in keys},
             "prefect_auth_file": str(state_dir / AUTH_FILE), "active_profile": prefect_setup.active_profile(),
-            "parts": parts}
+            "parts": parts, "pools": _pools(state)}

@@ -8,6 +8,7 @@ record outlives the machine (gpt2.bill turns the records into the bill):
      "first_step_at": 1790000095.2, "startup_s": 93.1, "step_s": 61.0, "steps_timed": 229,
      "mfu": 0.41, "data_wait_s": 0.4, "heartbeat_at": 1790000160.4, "ended_at": 1790000161.0,
      "end": "preempted", "last_checkpoint": 1730, "message": null, "closed_by": null,
+     "pool": "gpu-spot", "price_per_hour": 1.2,
      "spikes": [{"step": 1610, "loss": 3.9, "loss_z": 8.1, "grad_norm": 1.2, "grad_norm_z": 9.4,
                  "spike": true, "action": "skipped"}], "rolled_back_steps": 0,
      "startup_parts": {"imports": 6.1, "lease": 0.4, "data": 2.2, "checkpoint": 18.0, "probe": 20.5,
@@ -44,6 +45,7 @@ from gpt2.checkpoint import catalog
 from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
 from gpt2.distributed import DistEnv
+from gpt2.ladder import price_for
 from gpt2.tracking import Tracker
 from gpt2.train.progress import Progress, StepInfo
 
@@ -99,9 +101,11 @@ class Attempt:
         self.record, self.url, self._written = record, None, 0.0
 
     @classmethod
-    def begin(cls, config: Config, env: DistEnv, lease: Lease | None, started_at: float) -> Attempt:
+    def begin(cls, config: Config, env: DistEnv, lease: Lease | None, started_at: float,
+              pool: str | None = None) -> Attempt:
         """Close the attempts that never wrote their end, then record this one
-        (under the lease, so no other trainer numbers an attempt at once)."""
+        (under the lease, so no other trainer numbers an attempt at once), with
+        the work pool it runs on and that pool's price (gpt2.ladder.price_for)."""
         run_dir = layout.run_dir(config)
         attempt = cls(config, None)
         if not env.is_main:
@@ -118,7 +122,8 @@ class Attempt:
                       "started_at": started_at, "resumed_from": None, "step": None, "first_step_at": None,
                       "startup_s": None, "step_s": 0.0, "steps_timed": 0, "mfu": None, "data_wait_s": 0.0,
                       "heartbeat_at": time.time(), "ended_at": None, "end": None, "last_checkpoint": None,
-                      "message": None, "closed_by": None}
+                      "message": None, "closed_by": None,
+                      "pool": pool, "price_per_hour": price_for(config, pool)}
             url = layout.attempt_record(run_dir, number)
             storage.create_exclusive(url, json.dumps(record).encode())
         except Exception as err:  # noqa: BLE001 - the bill must never stop a training run

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from gpt2.config import Config
 from gpt2.distributed import STARTUP_TIMEOUT_S, distributed
+from gpt2.ladder import stop_if_left
 from gpt2.steps import with_resolved_steps
 from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
@@ -109,7 +110,9 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             guard.installed():
         with clock.part("lease"):
             lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
-        attempt = Attempt.begin(config, env, lease, started)  # gpt2.train.attempts: what this attempt cost
+            stop_if_left(config, lease, (tags or {}).get("prefect.flow_run_id"))  # gpt2.ladder: a rung left
+        # gpt2.train.attempts: what this attempt cost, on which pool
+        attempt = Attempt.begin(config, env, lease, started, (tags or {}).get("prefect.work_pool"))
         try:
             session = open_session(config, env, fresh, lease, clock)
             attempt.resumed(session.start_step, config.train.max_steps)
