@@ -5,7 +5,8 @@ pipeline's sum over its stages. Logged to MLflow under one prefix, `bill/`:
                           before its first step adds its device time and start-up, not an attempt;
                           a rerun of a finished run adds nothing)
     device_hours          each attempt's wall time (start to end, or to its last sign of life) x its devices
-    steps_redone          steps trained after the checkpoint the next attempt resumed from (trained twice)
+    steps_redone          steps trained after the checkpoint the next attempt resumed from (trained twice),
+                          and the steps a rollback past a loss spike threw away (train.on_spike=rollback)
     device_hours_redone   those steps at their attempt's device time per step (wall time after start-up / steps)
     startup_s             seconds before each attempt's first step, summed (a whole attempt that never stepped)
     data_wait_s           seconds the steps waited for their batches (shard downloads), summed
@@ -91,8 +92,10 @@ def training_bill(records: list[dict], price_per_hour: float | None) -> dict[str
     for i, r in enumerate(records):
         wall, devices = _wall_s(r), int(r.get("devices") or 1)
         device_hours += wall * devices / 3600
-        steps = int(r.get("step") or 0) - int(r.get("resumed_from") or 0)
-        n = _redone(r, records[i + 1] if i + 1 < len(records) else None)
+        # A rollback set `step` back: the steps it threw away were trained all the same.
+        rolled_back = int(r.get("rolled_back_steps") or 0)
+        steps = int(r.get("step") or 0) - int(r.get("resumed_from") or 0) + rolled_back
+        n = _redone(r, records[i + 1] if i + 1 < len(records) else None) + rolled_back
         busy = max(0.0, wall - _startup_s(r))
         redone += n
         redone_hours += (busy / steps * n * devices / 3600) if steps > 0 else 0.0
