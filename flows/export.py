@@ -36,7 +36,8 @@ def run_export_stage(config: Config, checkpoint: str | None = "latest", parent_r
     ref = resolve_checkpoint(config, checkpoint)
     storage.check_writable(layout.root(config))
     get_run_logger().info("exporting %s", ref.url)
-    export, c1 = run_cached(export_checkpoint, config, ref, valid=lambda r: export_complete(r["export_dir"], ref))
+    export, c1 = run_cached(export_checkpoint, config, ref,
+                            valid=lambda r: export_complete(r["export_dir"], ref, config.runtime.root))
     entry, c2 = run_cached(register_model, config, ref, export, parent_run_id, valid=_registered(config))
     return {**export, **entry, "cached": c1 and c2}
 

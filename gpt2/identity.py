@@ -22,7 +22,9 @@ from gpt2.config import Config, DataConfig
 DATA_FORMAT_VERSION = 1
 TRAIN_FORMAT_VERSION = 1
 EVAL_FORMAT_VERSION = 1
-EXPORT_FORMAT_VERSION = 1
+# 2: config.json names n_ctx, generation_config.json caps the length, the HF
+# directory holds its model card (README.md), the registered model serves.
+EXPORT_FORMAT_VERSION = 2
 
 
 def fingerprint(obj: Any, length: int = 16) -> str:

@@ -25,7 +25,10 @@ def files_key(_context: Any, parameters: dict) -> str:
 
 
 def register_key(_context: Any, parameters: dict) -> str:
-    return f"register-{register_fingerprint(parameters['config'], parameters['ref'].model_sha256)}-{CODE_VERSION}"
+    # The model card (the version's description) changes with a later evaluation.
+    card = parameters["export"].get("card_eval") or "none"
+    weights = register_fingerprint(parameters["config"], parameters["ref"].model_sha256)
+    return f"register-{weights}-{card}-{CODE_VERSION}"
 
 
 @task(name="export-checkpoint", cache_key_fn=files_key, persist_result=True, retries=1, retry_delay_seconds=10,
@@ -43,7 +46,9 @@ def register_model(config: Config, ref: CheckpointRef, export: dict[str, Any], p
         tracker.log_dict(export, "export/manifest.json")
         config.runtime.work_root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=config.runtime.work_root) as tmp:
-            version = register_hf_model(tracker, _local_copy(export["hf_dir"], Path(tmp)), name, alias,
+            local = _local_copy(export["hf_dir"], Path(tmp))
+            writer.verify_hf_copy(export["export_dir"], local)  # a damaged file is named, never registered
+            version = register_hf_model(tracker, local, name, alias,
                                         export_id=export_files_fingerprint(ref.model_sha256))
     return {"registered_model": name, "model_version": version, "alias": alias, "mlflow_run_id": tracker.run_id}
 

@@ -20,7 +20,7 @@ from gpt2.config import ModelConfig
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB, bpe_files_dir, verify_bpe_files
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only the functions that build HF objects load it
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 PREFIXES = ("_orig_mod.", "module.")
@@ -58,6 +58,9 @@ def hf_config(cfg: ModelConfig) -> GPT2Config:
     return GPT2Config(
         vocab_size=N_VOCAB,
         n_positions=cfg.block_size,
+        # The same length under the name older GPT-2 readers take it from:
+        # llama.cpp's converter (conversion/gpt2.py, GPT2Model) reads n_ctx.
+        n_ctx=cfg.block_size,
         n_embd=cfg.n_embd,
         n_layer=cfg.n_layer,
         n_head=cfg.n_head,
@@ -71,6 +74,19 @@ def hf_config(cfg: ModelConfig) -> GPT2Config:
         tie_word_embeddings=True,
         architectures=["GPT2LMHeadModel"],
     )
+
+
+def generation_config(cfg: ModelConfig) -> GenerationConfig:
+    """What `generate()` and `pipeline("text-generation")` do when asked for
+    nothing: sample (top-k 50, as llm.c and build-nanogpt sample) until the
+    end-of-text token, never past the model's positions. Without a length the
+    pipeline adds 256 new tokens to any prompt and runs off the position table
+    (IndexError); `max_length`, not `max_new_tokens`, because it caps the prompt
+    and the answer together."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN,
+                            max_length=cfg.block_size, do_sample=True, top_k=50)
 
 
 def build_hf_model(state: dict[str, torch.Tensor], cfg: ModelConfig) -> GPT2LMHeadModel:
@@ -109,11 +125,9 @@ def write_tokenizer(out_dir: Path, max_length: int) -> None:
 def write_hf_dir(state: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: Path) -> Path:
     """Write a complete HF model directory (safetensors, config.json,
     generation_config.json, tokenizer) to a local `out_dir`."""
-    from transformers import GenerationConfig
-
     out_dir.mkdir(parents=True, exist_ok=True)
     model = build_hf_model(state, cfg)
-    model.generation_config = GenerationConfig(bos_token_id=EOT_TOKEN, eos_token_id=EOT_TOKEN, pad_token_id=EOT_TOKEN)
+    model.generation_config = generation_config(cfg)
     model.save_pretrained(out_dir, safe_serialization=True)
     write_tokenizer(out_dir, cfg.block_size)
     return out_dir

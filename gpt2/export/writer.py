@@ -1,28 +1,35 @@
 """Export one checkpoint: the HF directory and the llm.c files, under the run.
 
-    {root}/runs/{run}/export/step_000060/hf/            GPT2LMHeadModel + tokenizer
+    {root}/runs/{run}/export/step_000060/hf/            GPT2LMHeadModel + tokenizer + README.md (model card)
     {root}/runs/{run}/export/step_000060/llmc/gpt2_124M.bin, gpt2_tokenizer.bin
     {root}/runs/{run}/export/step_000060/manifest.json  written last: files, sizes, sha256
 
 Files are built in a local scratch directory, then uploaded one by one
 (atomic per file); the manifest marks the export complete. On any failure the
 partial export directory is removed, so nothing half-written is left.
+
+The model card reports the evaluate stage's HellaSwag result for the same
+checkpoint; an evaluation written after the export makes the export stale, so
+it is written again (the manifest records which result its card holds).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpt2 import storage
+from gpt2.checkpoint.catalog import read_marker
 from gpt2.checkpoint.ref import CheckpointRef
-from gpt2.checkpoint.store import load_model
+from gpt2.checkpoint.store import load_model, read_verified
 from gpt2.errors import UserError
-from gpt2.export import hf, llmc
-from gpt2.identity import EXPORT_FORMAT_VERSION
+from gpt2.export import card, hf, llmc
+from gpt2.hellaswag.evaluate import result_url
+from gpt2.identity import EXPORT_FORMAT_VERSION, fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,8 @@ class ExportResult:
     step: int
     checkpoint: str
     model_sha256: str
+    card_eval: str | None = None
+    """Which evaluation of the checkpoint the model card reports (None: none yet)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,11 +60,32 @@ def export_dir_url(ref: CheckpointRef, root: str) -> str:
     return ref.output_dir(root, "export")
 
 
-def build_local(ref: CheckpointRef, out: Path) -> dict[str, Path]:
+def card_facts(ref: CheckpointRef, root: str) -> card.CardFacts:
+    """What the model card says of `ref`: its state.json (verified) and the
+    evaluate stage's result for it, when there is one."""
+    marker = read_marker(ref.url) or {}
+    state = json.loads(read_verified(ref.url, "state.json", marker.get("files", {}).get("state.json", {})))
+    from gpt2.config import Config
+
+    return card.CardFacts(config=Config.model_validate(state["config"]), step=ref.step, state=state,
+                          hellaswag=read_eval_result(ref, root), code_version=card.code_version())
+
+
+def read_eval_result(ref: CheckpointRef, root: str) -> dict | None:
+    """The HellaSwag result of these exact weights, or None."""
+    try:
+        result = storage.read_record(result_url(ref, root))
+    except (OSError, ValueError):
+        return None
+    return result if result and result.get("model_sha256") == ref.model_sha256 else None
+
+
+def build_local(ref: CheckpointRef, out: Path, facts: card.CardFacts) -> dict[str, Path]:
     """Write every export file under a local directory; returns relative name → path."""
     model, config = load_model(ref.url, "cpu")
     state = model.state_dict()
     hf.write_hf_dir(state, config.model, out / "hf")
+    (out / "hf" / "README.md").write_text(card.model_card(facts), encoding="utf-8")
     (out / "llmc").mkdir()
     llmc.write_model_bin(state, config.model, out / "llmc" / llmc.model_file_name(config.model))
     llmc.write_tokenizer_bin(out / "llmc" / "gpt2_tokenizer.bin")
@@ -70,9 +100,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _upload(files: dict[str, Path], dest: str, ref: CheckpointRef) -> dict:
+def _upload(files: dict[str, Path], dest: str, ref: CheckpointRef, facts: card.CardFacts) -> dict:
     manifest = {"format": EXPORT_FORMAT_VERSION, "checkpoint": ref.url, "step": ref.step,
-                "model_sha256": ref.model_sha256, "files": {}}
+                "model_sha256": ref.model_sha256, "card_eval": facts.eval_id(), "files": {}}
     for name, path in files.items():
         storage.put_file_atomic(path, storage.join(dest, name))
         manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
@@ -87,15 +117,36 @@ def read_manifest(dest: str) -> dict | None:
         return None
 
 
-def export_complete(dest: str, ref: CheckpointRef) -> bool:
-    """An export of these exact weights is already there, every file whole."""
+def export_complete(dest: str, ref: CheckpointRef, root: str | None = None) -> bool:
+    """An export of these exact weights is already there, every file whole;
+    given the `root`, its model card also holds the checkpoint's current
+    evaluation (without it, as a read-only root answers: whatever it holds)."""
     manifest = read_manifest(dest)
     return bool(
         manifest
         and manifest.get("model_sha256") == ref.model_sha256
         and manifest.get("format") == EXPORT_FORMAT_VERSION
+        and (root is None or manifest.get("card_eval") == _eval_id(ref, root))
         and all(storage.size(storage.join(dest, n)) == f["bytes"] for n, f in manifest["files"].items())
     )
+
+
+def verify_hf_copy(dest: str, local: Path) -> None:
+    """Check a local copy of the export's HF directory against its manifest
+    (size and sha256 of every file); raise ExportError naming a damaged one."""
+    manifest = read_manifest(dest) or {"files": {}}
+    for name, expected in manifest["files"].items():
+        if not name.startswith("hf/"):
+            continue
+        path = local / name.removeprefix("hf/")
+        if not path.is_file() or path.stat().st_size != expected["bytes"] or _sha256(path) != expected["sha256"]:
+            raise ExportError(f"export file {storage.join(dest, name)} does not match its {MANIFEST} (damaged or "
+                              f"missing); remove {dest} and run the export again")
+
+
+def _eval_id(ref: CheckpointRef, root: str) -> str | None:
+    result = read_eval_result(ref, root)
+    return None if result is None else fingerprint(result["hellaswag"])
 
 
 def _result(dest: str, ref: CheckpointRef, manifest: dict) -> ExportResult:
@@ -108,6 +159,7 @@ def _result(dest: str, ref: CheckpointRef, manifest: dict) -> ExportResult:
         step=ref.step,
         checkpoint=ref.url,
         model_sha256=ref.model_sha256,
+        card_eval=manifest.get("card_eval"),
     )
 
 
@@ -115,17 +167,18 @@ def export_checkpoint(ref: CheckpointRef, root: str, work_dir: str | Path | None
     """Export the checkpoint `ref` into its run's directory under the artifact
     root (reused when an export of the same weights is already complete)."""
     dest = export_dir_url(ref, root)
-    if export_complete(dest, ref):
+    if export_complete(dest, ref, root):
         log.info("export of %s already complete at %s", ref.url, dest)
         return _result(dest, ref, read_manifest(dest))
     storage.check_writable(storage.normalize_url(root))
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="gpt2-export-") as tmp:
-        files = build_local(ref, Path(tmp))
+        facts = card_facts(ref, root)
+        files = build_local(ref, Path(tmp), facts)
         storage.remove(dest, recursive=True)  # leftovers of an interrupted export
         try:
-            manifest = _upload(files, dest, ref)
+            manifest = _upload(files, dest, ref, facts)
         except Exception as err:
             storage.remove(dest, recursive=True)
             raise ExportError(f"writing the export to {dest} failed ({type(err).__name__}: {err}); nothing was kept") from err
