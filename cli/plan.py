@@ -4,6 +4,7 @@
     gpt2 plan --preset gpt2-124m --gpu A100-40GB --set train.max_steps=5000 --json
     gpt2 plan --preset gpt2-1558m --gpu H100 --gpus 8     # which memory savers it needs
     gpt2 plan --run fineweb-edu-10B-1a2b3c4d5e6f --gpu H100 --gpus 8   # the estimate beside what the run measured
+    gpt2 plan --preset gpt2-124m --gpu H100 --set runtime.gpu_pools=gpu-spot:1.1:600:3,gpu:3.9   # each rung's cost
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def plan(
     as_json: bool = JsonOpt,
 ) -> None:
     """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
-    from gpt2 import plan_actual
+    from gpt2 import plan_actual, plan_ladder
     from gpt2.errors import UserError
     from gpt2.plan import make_plan
 
@@ -54,6 +55,8 @@ def plan(
     except UserError as err:
         fail(str(err))
     text = describe(result)
+    if result.get("ladder"):
+        text += "\n" + plan_ladder.describe(result["ladder"])
     if result["actual"] is not None:
         text += "\n" + plan_actual.describe(result["actual"], result["steps"])
     emit(result, as_json, text)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from gpt2 import layout
+from gpt2 import layout, plan_ladder
 from gpt2.config import Config
 from gpt2.data import disk
 from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_documents, file_format, is_remote
@@ -199,7 +199,7 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     flops = flops_per_token * (tokens + EVAL_FLOPS_FRACTION * validations * t.val_steps * t.total_batch_tokens)
     flops_per_second = g.peak_flops * gpus * mfu
     hours = flops / flops_per_second / 3600
-    return {
+    result = {
         "preset": config.preset,
         "gpu": g.name,
         "gpus": gpus,
@@ -245,3 +245,6 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "counted": COUNTED,
         "not_counted": NOT_COUNTED,
     }
+    if config.runtime.gpu_pools:  # without a ladder the plan keeps exactly its keys
+        result["ladder"] = plan_ladder.rungs(config, result, price_per_hour)
+    return result

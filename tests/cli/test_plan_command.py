@@ -119,3 +119,33 @@ def test_the_plan_says_a_measured_mfu_on_that_gpu_and_where_it_comes_from(root):
     text = _run("--preset", "gpt2-124m", "--gpu", "H100", root=root, env={RESULTS_ENV: str(records)}).stdout
     assert ("at 50% MFU (measured: preflight of gpt2-124m on one NVIDIA H100 80GB HBM3, 2026-11-26, "
             "commit abcdef1") in text
+
+
+LADDER = "runtime.gpu_pools=gpu-spot:1.1:600:3,gpu:3.9"
+
+
+def test_a_ladder_adds_each_rungs_time_and_cost_and_keeps_every_other_key(h100x8, root):
+    """#44: --json gains `ladder` (a row per rung, the run's device-hours at
+    that rung's price per device-hour); every key of the plan without it stays."""
+    p = _plan("--preset", "gpt2-124m", "--gpu", "H100", "--gpus", "8", "--price-per-hour", "25",
+              "--set", LADDER, root=root)
+    assert "ladder" not in h100x8 and set(p) - {"ladder"} == set(h100x8)
+    assert {k: p[k] for k in h100x8 if k != "actual"} == {k: v for k, v in h100x8.items() if k != "actual"}
+    spot, last = p["ladder"]
+    assert {"pool", "price_per_hour", "hours", "cost", "start_timeout_s", "max_preemptions"} <= set(spot)
+    assert (spot["pool"], spot["price_per_hour"], spot["start_timeout_s"], spot["max_preemptions"]) == (
+        "gpu-spot", 1.1, 600, 3)
+    assert spot["hours"] == pytest.approx(p["hours"]) and spot["cost"] == pytest.approx(p["gpu_hours"] * 1.1)
+    assert last["pool"] == "gpu" and last["cost"] == pytest.approx(p["gpu_hours"] * 3.9)
+
+
+def test_human_output_prints_the_ladder_and_the_cost_if_the_run_ends_on_its_last_rung(root):
+    plain = _run("--preset", "gpt2-124m", "--gpu", "H100", root=root)
+    out = _run("--preset", "gpt2-124m", "--gpu", "H100", "--set", LADDER, root=root)
+    assert out.returncode == 0, out.stderr
+    assert "ladder" not in plain.stdout and out.stdout.startswith(plain.stdout.rstrip("\n"))
+    p = _plan("--preset", "gpt2-124m", "--gpu", "H100", "--set", LADDER, root=root)
+    (spot,) = [line for line in out.stdout.splitlines() if line.strip().startswith("gpu-spot")]
+    assert "1.10/device-h" in spot and f"cost {p['ladder'][0]['cost']:,.2f}" in " ".join(spot.split())
+    assert f"if the run ends on gpu (all of it there): cost {p['ladder'][1]['cost']:,.2f}" in out.stdout
+    assert "up to 10 min waiting on the rungs above" in out.stdout

@@ -91,3 +91,28 @@ def test_a_measured_mfu_on_that_gpu_replaces_the_assumption_and_says_where_it_co
     a100 = make_plan(resolve_config("gpt2-774m", [], root=str(tmp_path / "root")), "A100")
     assert a100["assumed_mfu"] == 0.4 and a100["mfu_from"].startswith("assumed: no measurement of gpt2-774m on A100")
 
+
+
+def test_a_ladder_prices_each_rung_for_the_whole_run_and_counts_the_waits_before_it(smoke_config):
+    """#44: each rung at its own price (else runtime.price_per_hour, else the
+    machine's price split over its GPUs), the run's device-hours on every rung,
+    and the last rung's row is the cost if the run ends there."""
+    ladder = "gpu-spot:1.1:600:3,gpu-sky::300:2,gpu:3.9"
+    p = make_plan(smoke_config(**{"runtime.gpu_pools": ladder}), "H100", 2, 10.0)
+    spot, sky, last = p["ladder"]
+    assert [r["pool"] for r in p["ladder"]] == ["gpu-spot", "gpu-sky", "gpu"]
+    assert (spot["price_per_hour"], sky["price_per_hour"], last["price_per_hour"]) == (1.1, 5.0, 3.9)
+    assert all(r["hours"] == p["hours"] and r["device_hours"] == p["gpu_hours"] for r in p["ladder"])
+    assert spot["cost"] == pytest.approx(p["gpu_hours"] * 1.1) and last["cost"] == pytest.approx(p["gpu_hours"] * 3.9)
+    assert [r["waits_before_s"] for r in p["ladder"]] == [0, 600, 900]
+    assert (sky["start_timeout_s"], sky["max_preemptions"]) == (300, 2)
+    assert p["cost"] == pytest.approx(p["hours"] * 10.0)  # the machine's cost is as before
+
+    device_price = make_plan(smoke_config(**{"runtime.gpu_pools": ladder, "runtime.price_per_hour": 2.0}), "H100")
+    assert device_price["ladder"][1]["price_per_hour"] == 2.0  # runtime.price_per_hour before --price-per-hour
+    unpriced = make_plan(smoke_config(**{"runtime.gpu_pools": "gpu-spot,gpu"}), "H100")
+    assert [r["cost"] for r in unpriced["ladder"]] == [None, None]
+
+
+def test_without_a_ladder_the_plan_has_no_ladder_key(smoke_config):
+    assert "ladder" not in make_plan(smoke_config(), "H100", 1, 10.0)
