@@ -87,6 +87,75 @@ def test_export_flow_registers_the_hf_model_with_its_alias(stage, caplog):
     assert again["cached"] and again["model_version"] == result["model_version"]
 
 
+def registered_model(config, monkeypatch):
+    """`models:/gpt2-smoke@current` loaded as users load it: MLflow's pyfunc loader."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", default_tracking_uri(config))
+    return mlflow.pyfunc.load_model("models:/gpt2-smoke@current")
+
+
+def n_tokens(text: str) -> int:
+    from gpt2.tokenizer import get_encoding
+
+    return len(get_encoding("gpt2").encode(text, allowed_special="all"))
+
+
+def test_the_registered_model_answers_with_and_without_params(stage, monkeypatch):
+    config, args = stage
+    result = export_flow(**args)
+    model = registered_model(config, monkeypatch)
+    meta = model.metadata
+    params = {p.name: p.default for p in meta.get_params_schema().params}
+    assert params == {"max_new_tokens": 32, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "do_sample": True}
+    assert meta.flavors["python_function"]["config"] == {"max_new_tokens": 32, "handle_long_generation": "hole"}
+    assert meta.saved_input_example_info is not None
+
+    answer = model.predict(["def"])  # MLflow's default length here used to run off 64 positions
+    assert len(answer) == 1 and isinstance(answer[0], str) and n_tokens(answer[0]) <= 33
+    short = model.predict(["def", "class"], params={"max_new_tokens": 3, "do_sample": False})
+    assert len(short) == 2 and all(n_tokens(a) <= 4 for a in short)
+    assert model.predict(["def"], params={"max_new_tokens": 3, "do_sample": False}) == short[:1]  # greedy: the same
+    # A prompt longer than the positions: its start is cut, the answer still comes.
+    assert isinstance(model.predict([" x" * 200], params={"max_new_tokens": 3})[0], str)
+
+    client = MlflowClient(tracking_uri=default_tracking_uri(config))
+    description = client.get_model_version("gpt2-smoke", str(result["model_version"])).description
+    assert description.startswith("# gpt2-smoke\n") and "2 layers, 2 heads, 64 channels" in description
+    assert "**HellaSwag**: not evaluated yet" in description and "gpt2 run --preset smoke" in description
+
+
+def test_mlflows_scoring_server_answers_json_with_and_without_params(stage, monkeypatch):
+    """MLflow's own scoring app (what `mlflow models serve` runs), in process."""
+    from fastapi.testclient import TestClient
+    from mlflow.pyfunc import scoring_server
+
+    config, args = stage
+    export_flow(**args)
+    app = TestClient(scoring_server.init(registered_model(config, monkeypatch)))
+    for body in ({"inputs": ["def"]}, {"inputs": ["def"], "params": {"max_new_tokens": 2, "temperature": 0.7}}):
+        response = app.post("/invocations", json=body)
+        assert response.status_code == 200, response.text
+        assert isinstance(response.json()["predictions"][0], str)
+    response = app.post("/invocations", json={"inputs": ["def"], "params": {"max_new_tokens": "many"}})
+    assert response.status_code == 400 and "max_new_tokens" in response.text
+
+
+def test_a_registered_version_whose_files_are_gone_is_registered_again(stage, caplog):
+    import shutil
+
+    config, args = stage
+    first = export_flow(**args)
+    client = MlflowClient(tracking_uri=default_tracking_uri(config))
+    files = client.get_model_version_download_uri("gpt2-smoke", str(first["model_version"]))
+    shutil.rmtree(storage.local_path(files))
+    with caplog.at_level(logging.WARNING, logger="tasks.registry"):
+        again = export_flow(**args)
+    assert again["model_version"] == first["model_version"] + 1
+    assert f"registered model gpt2-smoke version {first['model_version']} has no files left" in caplog.text
+    assert int(client.get_model_version_by_alias("gpt2-smoke", "current").version) == again["model_version"]
+
+
 def test_cli_evaluate_and_export_print_one_json_line(stage):
     config, _ = stage
     common = ["--root", config.runtime.root, "--set", f"runtime.work_dir={config.runtime.work_dir}", "--json"]
@@ -130,6 +199,23 @@ def flip_one_byte(path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def test_a_damaged_export_file_is_named_and_not_registered(stage):
+    """An export interrupted before its registration, whose weights were then
+    damaged (same size): `gpt2 export` names the file instead of registering it."""
+    from gpt2.checkpoint.ref import resolve_checkpoint
+    from gpt2.export import writer
+
+    config, _ = stage
+    exported = writer.export_checkpoint(resolve_checkpoint(config, "latest"), config.runtime.root)
+    flip_one_byte(storage.local_path(storage.join(exported.hf_dir, "model.safetensors")))
+    out = CliRunner().invoke(app, ["export", "--root", config.runtime.root,
+                                   "--set", f"runtime.work_dir={config.runtime.work_dir}"])
+    assert out.exit_code == 1, out.output
+    assert f"export file {exported.hf_dir}/model.safetensors does not match its manifest.json" in out.stderr
+    assert f"remove {exported.export_dir} and run the export again" in out.stderr
+    assert MlflowClient(tracking_uri=default_tracking_uri(config)).search_model_versions("name = 'gpt2-smoke'") == []
 
 
 def test_damaged_weights_are_neither_evaluated_nor_exported(stage):
