@@ -15,7 +15,7 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import ValidationError, validate
 
-from cli.stack.prefect_setup import LOCAL_POOLS
+from cli.stack.prefect_setup import LOCAL_POOLS, stack_pools
 from flows import deployment_file
 from gpt2.overrides import KNOWN_KEYS, resolve_config
 
@@ -25,6 +25,11 @@ EXPECTED = {  # deployment -> (pool, GPU stage?)
     "gpt2-train/train": ("gpu", True),
     "gpt2-eval/evaluate": ("gpu", True),
     "gpt2-export/export": ("cpu", False),
+    # The ladder of GPU pools' rungs beside `gpu` (runtime.gpu_pools).
+    "gpt2-train/train-gpu-spot": ("gpu-spot", True),
+    "gpt2-eval/evaluate-gpu-spot": ("gpu-spot", True),
+    "gpt2-train/train-gpu-sky": ("gpu-sky", True),
+    "gpt2-eval/evaluate-gpu-sky": ("gpu-sky", True),
 }
 
 
@@ -51,7 +56,8 @@ def test_prefect_accepts_the_file_and_deploys_exactly_the_expected_set():
 def test_parent_flow_starts_exactly_these_stage_deployments():
     from flows.stages import DEPLOYMENTS as PARENT_REFS
 
-    assert set(PARENT_REFS.values()) == set(EXPECTED) - {"gpt2/full-pipeline"}
+    assert set(PARENT_REFS.values()) == {n for n, (pool, _) in EXPECTED.items() if pool in ("cpu", "gpu")} - {
+        "gpt2/full-pipeline"}
 
 
 @pytest.mark.parametrize("name,spec,flow", DEPLOYMENTS, ids=IDS)
@@ -81,7 +87,7 @@ def test_the_same_checks_reject_wrong_parameters(bad):
 def test_pools_and_tags(name, spec, flow):
     pool, gpu = EXPECTED[name]
     assert spec["work_pool"]["name"] == pool
-    assert spec["work_pool"]["name"] in LOCAL_POOLS
+    assert spec["work_pool"]["name"] in stack_pools([pool] if pool not in LOCAL_POOLS else [], [])  # `gpt2 stack up` has it
     tags = set(spec.get("tags") or [])
     if gpu:  # selected by the reschedule and zombie automations
         assert {"gpu", "preemptible"} <= tags
@@ -140,3 +146,22 @@ def test_the_gpu_image_is_resolved_where_prefect_deploy_runs(image, monkeypatch)
         config = apply_values(apply_values(spec, os.environ, remove_notset=False), {}, warn_on_notset=False)
         variables = config["work_pool"].get("job_variables") or {}
         assert variables.get("image") == ((image or "") if EXPECTED[name][1] else None)
+
+
+def test_every_rung_is_the_gpu_deployment_on_its_own_pool():
+    """A rung's deployments differ from the `gpu` pool's only in name and pool
+    (prefect.yaml's anchors): same flow, parameters, tags, concurrency guardrail."""
+    specs = {spec["name"]: spec for spec in deployment_file.deployments()}
+    rungs = {spec["work_pool"]["name"] for spec in specs.values()} - set(LOCAL_POOLS)
+    assert rungs == {"gpu-spot", "gpu-sky"}
+    assert deployment_file.missing_rungs(sorted(rungs) + ["gpu"]) == []
+    for pool in rungs:
+        for stage in ("train", "evaluate"):
+            rung, base = dict(specs[f"{stage}-{pool}"]), dict(specs[stage])
+            assert rung.pop("work_pool")["name"] == pool and base.pop("work_pool")["name"] == "gpu"
+            assert {**rung, "name": stage} == base
+
+
+def test_a_ladder_naming_a_pool_without_deployments_is_found_out():
+    assert deployment_file.missing_rungs(["gpu-spot", "gpu-nowhere", "gpu"]) == [
+        "train-gpu-nowhere (on work pool gpu-nowhere)", "evaluate-gpu-nowhere (on work pool gpu-nowhere)"]

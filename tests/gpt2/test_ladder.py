@@ -126,3 +126,20 @@ def test_an_attempt_without_a_price_leaves_the_cost_unknown():
     records = [_attempt("gpu-spot", None, 1.0), _attempt("gpu", 4.0, 1.0)]
     assert bill.training_bill(records, price_per_hour=None)["cost"] is None
     assert bill.training_bill(records, price_per_hour=2.0)["cost"] == pytest.approx(6.0)
+
+
+def test_a_trainer_whose_rung_was_left_lets_the_lease_go_and_stops(tmp_path):
+    from gpt2 import layout, storage
+    from gpt2.checkpoint.lease import Lease
+
+    config = resolve_config("smoke", {"runtime.root": str(tmp_path / "root")})
+    lease_dir = layout.lease_dir(layout.run_dir(config))
+    lease = Lease(lease_dir, 60.0, "run-on-a-left-rung").acquire()
+    ladder.stop_if_left(config, lease, "run-on-a-left-rung")  # not left: it goes on holding the lease
+    assert Lease(lease_dir, 60.0).holder() is not None
+
+    storage.write_bytes_atomic(layout.left_run_marker(layout.root(config), "run-on-a-left-rung"),
+                               b"gpu-spot: not started within 600 s (Late)")
+    with pytest.raises(ladder.LeftRung, match="gpu-spot: not started within 600 s"):
+        ladder.stop_if_left(config, lease, "run-on-a-left-rung")
+    assert Lease(lease_dir, 60.0).holder() is None  # released: the next rung's trainer takes it at once
