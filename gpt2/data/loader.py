@@ -9,7 +9,8 @@ global too, so a checkpoint resumed on another number of GPUs continues with
 exactly the same global batches.
 
 Where the tokens come from (local or cached remote shards, prefetched) is
-gpt2.data.shard_source.
+gpt2.data.shard_source; the order they are read in (llm.c's, or shuffled with
+data.shuffle) is gpt2.data.order.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import Manifest, ShardEntry
+from gpt2.data.order import ReadOrder
 from gpt2.data.shard_source import ShardSource
 from gpt2.distributed import DistEnv
 
@@ -42,7 +44,9 @@ class TrainLoader:
     """This rank's micro-batches of each global batch, in a fixed order."""
 
     def __init__(self, source: ShardSource, seq_len: int, total_batch_tokens: int,
-                 micro_batch: int, env: DistEnv):
+                 micro_batch: int, env: DistEnv, shuffle_seed: int | None = None):
+        """`shuffle_seed`: None reads in llm.c's order; a seed, in the seeded
+        order of gpt2.data.order (data.shuffle)."""
         self.source, self.T, self.env = source, seq_len, env
         self.window = total_batch_tokens
         self.seqs_per_rank = total_batch_tokens // (seq_len * env.world_size)
@@ -54,7 +58,8 @@ class TrainLoader:
                 f"no train shard holds one global batch ({self.window + 1} tokens); "
                 "lower train.total_batch_tokens or raise data.shard_size"
             )
-        self.position = LoaderPosition(shard=self.usable[0])
+        self.order = ReadOrder(self.usable, shuffle_seed)
+        self.position = LoaderPosition(shard=self.order.shards(0)[0])
 
     @property
     def accumulation_steps(self) -> int:
@@ -81,6 +86,11 @@ class TrainLoader:
         following = self._following(pos.shard)
         if following != pos.shard:
             self.source.prefetch(self.shards[following])
+        if self.order.shuffled:
+            inputs, targets = self._shuffled_rows(tokens, pos)
+            self._advance()
+            return [(inputs[m:m + self.micro_batch], targets[m:m + self.micro_batch])
+                    for m in range(0, self.seqs_per_rank, self.micro_batch)]
         rank_tokens = self.seqs_per_rank * self.T
         start = pos.offset + self.env.rank * rank_tokens
         buf = host_tensor(tokens[start:start + rank_tokens + 1], self.env.device)
@@ -93,22 +103,34 @@ class TrainLoader:
             batches.append((chunk[:-1].view(self.micro_batch, self.T), chunk[1:].view(self.micro_batch, self.T)))
         return batches
 
+    def _shuffled_rows(self, tokens: np.ndarray, pos: LoaderPosition) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's sequences of the next global batch in the shuffled order:
+        (inputs, targets), each (seqs_per_rank, T). The offset counts the
+        shard's tokens read so far in that order."""
+        T = self.T
+        # The sequences the reference order reads (whole global batches): the same multiset per epoch.
+        order = self.order.sequences(pos.epoch, pos.shard, (len(tokens) - 1) // self.window * (self.window // T))
+        first = pos.offset // T + self.env.rank * self.seqs_per_rank
+        starts = order[first:first + self.seqs_per_rank].astype(np.int64) * T
+        # (seqs, 1) + (1, T) -> (seqs, T) token indices; the targets are the next tokens
+        rows = starts[:, None] + np.arange(T)
+        return (host_tensor(tokens[rows].reshape(-1), self.env.device).view(-1, T),
+                host_tensor(tokens[rows + 1].reshape(-1), self.env.device).view(-1, T))
+
     def _advance(self) -> None:
         pos = self.position
         pos.offset += self.window
+        # In either order a shard gives (tokens - 1) // T sequences: as many whole global batches as fit.
         if pos.offset + self.window + 1 <= self.shards[pos.shard].tokens:
             return
-        following = self._following(pos.shard)
-        if following > pos.shard:
-            self.position = LoaderPosition(shard=following, offset=0, epoch=pos.epoch)
-        else:
-            self.position = LoaderPosition(shard=following, offset=0, epoch=pos.epoch + 1)
-            log.info("train split exhausted: starting epoch %d", pos.epoch + 1)
+        following, epoch = self.order.following(pos.shard, pos.epoch)
+        self.position = LoaderPosition(shard=following, offset=0, epoch=epoch)
+        if epoch > pos.epoch:
+            log.info("train split exhausted: starting epoch %d", epoch)
 
     def _following(self, shard: int) -> int:
-        """The usable shard after `shard`: the next one in order, else the first (a new epoch)."""
-        later = [i for i in self.usable if i > shard]
-        return later[0] if later else self.usable[0]
+        """The shard read after `shard` (this epoch's next, else the next epoch's first)."""
+        return self.order.following(shard, self.position.epoch)[0]
 
 
 def usable_shards(shards: list[ShardEntry], window: int) -> list[int]:
@@ -116,13 +138,16 @@ def usable_shards(shards: list[ShardEntry], window: int) -> list[int]:
     return [i for i, s in enumerate(shards) if s.tokens >= window + 1]
 
 
-def first_reads(manifest: Manifest, total_batch_tokens: int, state: dict | None) -> list[ShardEntry]:
+def first_reads(manifest: Manifest, total_batch_tokens: int, state: dict | None,
+                shuffle_seed: int | None = None) -> list[ShardEntry]:
     """The shards a run reads first: the val split's first shard, and the train
-    shard its loader starts in (`state`: the checkpoint's loader state, if any),
-    for a prefetch while the model is built, probed and compiled."""
+    shard its loader starts in (`state`: the checkpoint's loader state, if any;
+    `shuffle_seed` as the loader's), for a prefetch while the model is built,
+    probed and compiled."""
     train = manifest.split("train")
     usable = usable_shards(train, total_batch_tokens)
-    start = train[state["shard"]] if state else (train[usable[0]] if usable else None)
+    first = ReadOrder(usable, shuffle_seed).shards(0)[0] if usable else None
+    start = train[state["shard"]] if state else (train[first] if usable else None)
     return [s for s in (manifest.split("val")[:1] + [start]) if s is not None]
 
 

@@ -189,6 +189,7 @@ class Attempt:
             return
         self.record["rolled_back_steps"] = int(self.record.get("rolled_back_steps") or 0) + steps
         self.record["step"] = to_step
+        self._progress_here()  # a later attempt here must not take the step before the rollback for the last
         self._write()
 
     def startup(self, parts: dict[str, float], write: bool = True) -> None:

@@ -270,8 +270,6 @@ class Loop:
         self.spikes, self.saved_step = self._spikes(state), ckpt.step
         if record is not None:
             self._tell(rollback.rollback_event(record))
-            if self.attempt is not None:
-                self.attempt.rolled_back(done - ckpt.step, ckpt.step)
         return ckpt.step
 
     def _record_rollback(self, verdict: Verdict, done: int) -> tuple[store.Checkpoint, dict]:
@@ -281,6 +279,8 @@ class Loop:
         if url is None:
             raise TrainingError(f"loss spike at {verdict.describe()}: no checkpoint before it to roll back to")
         ckpt = store.load_checkpoint(url, optimizer=False)
+        if self.attempt is not None:  # billed first: a kill from here on has thrown those steps away
+            self.attempt.rolled_back(done - ckpt.step, ckpt.step)
         number = self.spikes.rollbacks() + 1
         record = {"rollback": number, "at_step": done, "to_step": ckpt.step,
                   "data_from": rollback.folded(ckpt.state, rollback.read_records(url))["loader"],

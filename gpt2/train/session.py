@@ -267,7 +267,9 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     seqs_per_rank = check_batch_shape(config, env.world_size)
     with part("checkpoint"):
         ckpt = resume_from(config, env, fresh, lease.check if lease else None)
-    for entry in first_reads(manifest, config.train.total_batch_tokens, ckpt.state.get("loader") if ckpt else None):
+    order_seed = config.train.seed if config.data.shuffle else None
+    for entry in first_reads(manifest, config.train.total_batch_tokens, ckpt.state.get("loader") if ckpt else None,
+                             order_seed):
         source.prefetch(entry)  # a remote root's first shards download while the model is built, probed, compiled
     known = (train_fingerprint(config), legacy_train_fingerprint(config))
     if ckpt and ckpt.state.get("train_fingerprint", known[0]) not in known:
@@ -309,7 +311,7 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
                 raise TrainingError(memory.oom_message(config, micro, env.device, 1, err)) from err
 
     with part("data"):
-        loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env)
+        loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env, order_seed)
         if ckpt and "loader" in ckpt.state:
             loader.load_state_dict(ckpt.state["loader"])
         val_tokens = config.train.val_steps * config.train.total_batch_tokens

@@ -60,6 +60,27 @@ def write_dataset(config: Config, train_shards: int = 2, shard_tokens: int = 409
                                    {"kind": "synthetic", "seed": seed})
 
 
+POISON_TOKEN = 40000
+"""Never among the learnable phrases (tokens below 2000): a batch of it is a loss spike."""
+
+
+def write_poisoned_dataset(config: Config, poisoned_steps: tuple[int, ...], train_shards: int = 4,
+                           shard_tokens: int = 4096, val_tokens: int = 1024, seed: int = 0) -> str:
+    """`write_dataset`, with the batches of the given steps (1-based, in the
+    reference order, first epoch) made of one repeated token: a stretch of
+    poisoned data the run meets at those steps."""
+    rng = np.random.default_rng(seed)
+    window = config.train.total_batch_tokens
+    per_shard = (shard_tokens - 1) // window
+    shards = [_tokens(rng, shard_tokens) for _ in range(train_shards)]
+    for step in poisoned_steps:
+        shard, batch = divmod(step - 1, per_shard)
+        shards[shard][batch * window:(batch + 1) * window + 1] = POISON_TOKEN
+    plan = [("val", _tokens(rng, val_tokens))] + [("train", tokens) for tokens in shards]
+    return synthetic.write_dataset(config, plan, {"kind": "synthetic-poisoned", "seed": seed,
+                                                  "poisoned_steps": list(poisoned_steps)})
+
+
 def write_run_json(config: Config, path: Path) -> Path:
     path.write_text(json.dumps(config.model_dump(mode="json")))
     return path
