@@ -32,6 +32,8 @@ POLL_S = 5.0
 CANCEL_WAIT_S = 60.0
 """How long the ladder waits for a left run's cancellation (a worker killing its
 job) before it goes on anyway: the left-run marker still stops that run."""
+SERVER_AWAY_S = 900.0
+"""How long a parent watching a rung waits for a Prefect server that stopped answering."""
 
 
 class LadderNotDeployed(UserError):
@@ -113,14 +115,40 @@ def _sweep(client, left: list[dict]) -> None:
             _cancel(client, run, f"left by the ladder of GPU pools: {entry['why']}")
 
 
+def _server_away(err: BaseException) -> bool:
+    """The Prefect API did not answer (restarting, unreachable, overloaded): worth waiting for."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    if isinstance(err, PrefectHTTPStatusError):
+        return err.response.status_code >= 500
+    return isinstance(err, (httpx.TransportError, OSError))
+
+
 def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[dict]):
-    """Poll the run until the ladder's verdict is not `wait`."""
+    """Poll the run until the ladder's verdict is not `wait`. A Prefect server
+    that goes away (a restart, an upgrade) is waited for up to SERVER_AWAY_S:
+    the verdict comes from the run's history on the server, so the ladder
+    carries on where it was when the server is back."""
+    away_since = None
     while True:
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(run_id)
-            decided = ladder.verdict(_history(client, run_id), rung, last, time.time(),
-                                     config.runtime.stage_start_timeout_s, grace_s)
-            _sweep(client, left)
+        try:
+            with get_client(sync_client=True) as client:
+                run = client.read_flow_run(run_id)
+                decided = ladder.verdict(_history(client, run_id), rung, last, time.time(),
+                                         config.runtime.stage_start_timeout_s, grace_s)
+                _sweep(client, left)
+            away_since = None
+        except Exception as err:  # noqa: BLE001 - only a server that does not answer is waited for
+            if not _server_away(err):
+                raise
+            away_since = away_since or time.monotonic()
+            if time.monotonic() - away_since > SERVER_AWAY_S:
+                raise
+            get_run_logger().warning("the Prefect API does not answer (%s: %s); waiting for it", type(err).__name__,
+                                     err)
+            time.sleep(POLL_S)
+            continue
         if decided.action != "wait":
             return decided, run
         time.sleep(POLL_S)

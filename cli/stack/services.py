@@ -163,9 +163,10 @@ def _migrate_prefect_db(path: Path) -> None:
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
 
 
-def _start_server(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:
+def _start_server(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str,
+                  port: int | None = None) -> None:
     seed_prefect_db(state_dir / "prefect.db")
-    port = processes.free_port()
+    port = port or processes.free_port()
     state["prefect_ui_url"] = f"http://127.0.0.1:{port}"
     state["prefect_api_url"] = f"http://127.0.0.1:{port}/api"
     state["processes"].append(processes.start(
@@ -303,6 +304,27 @@ def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int], say: Cal
     _wait_pools_ready(api, auth, 60, _worker_pools(state))
     state["previous_profile"] = prefect_setup.use_profile(api, auth)
     _write_state(state_dir, state)
+
+
+def restart_server(state_dir: Path, away_s: float = 0.0) -> dict[str, Any]:
+    """Stop the stack's Prefect server and start it again on the same port and
+    database after `away_s` seconds, as a platform brings a server back (an
+    upgrade, an OOM kill): its clients, workers and running flows keep their
+    URL. Returns the new server's process record."""
+    state = read_state(state_dir)
+    if state is None:
+        raise processes.ServiceError(f"no stack is recorded in {state_dir}")
+    old = _procs(state)["server"]
+    if processes.alive(old):
+        stop_service(old)
+    time.sleep(away_s)
+    state["processes"] = [p for p in state["processes"] if p["name"] != "server"]
+    port = int(state["prefect_api_url"].rsplit(":", 1)[1].split("/", 1)[0])
+    _start_server(state, state_dir, _base_env(), _auth_string(state_dir), port)
+    _write_state(state_dir, state)
+    new = _procs(state)["server"]
+    processes.wait_http(new, f"{state['prefect_api_url']}/health", SERVER_START_S)
+    return new
 
 
 WORKER_STOP_MARGIN_S = 15.0

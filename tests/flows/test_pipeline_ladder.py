@@ -228,3 +228,28 @@ def _same(a: dict, b: dict) -> bool:
     import torch
 
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_server_restart_while_a_run_waits_on_a_rung_the_ladder_carries_on(stack):
+    """The Prefect server goes away for 15 s while the training run waits on a rung
+    with no capacity; back on the same port, the parent carries on from that rung's
+    wait (measured on the server's own history) and moves down when it is over."""
+    from gpt2.overrides import resolve_config
+
+    params = overrides(stack, **{"train.lr": 4e-3, **STEPS, "runtime.gpu_pools": "gpu-spot:1.0:60,gpu:4.0"})
+    config = resolve_config("smoke", params)
+    parent_id = deployment_run(stack, params)
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while "gpu-spot" not in stage_runs(stack, parent_id):
+        assert time.monotonic() < deadline, "the training run never reached the first rung"
+        time.sleep(1)
+    restart = (f"from pathlib import Path; from cli.stack.services import restart_server; "
+               f"restart_server(Path({stack['state_dir']!r}), away_s=15)")
+    subprocess.run([sys.executable, "-c", restart], env=stack["env"], cwd=stack["base"], check=True, timeout=300)
+
+    parent = wait_final(stack, parent_id)
+    assert_completed(stack, parent, "the pipeline across a server restart")
+    runs = stage_runs(stack, parent_id)
+    assert set(runs) == {"gpu-spot", "gpu"} and runs["gpu-spot"].state.is_cancelled()
+    assert "left gpu-spot: not started within 60 s" in summary_text(stack, parent_id)
+    assert [r["pool"] for r in attempts(config)] == ["gpu"]

@@ -1,0 +1,42 @@
+"""`gpt2 stack up --gpu-pools/--no-worker`: which pools and deployments the
+local stack stands up for a ladder of GPU pools, and what it refuses before
+starting anything (the stack itself is started in tests/flows/test_pipeline_ladder.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.stack.prefect_setup import LadderPoolsError, stack_deployments, stack_pools
+from tests.cli.stack.fixtures import clean_env, gpt2
+
+
+def test_todays_stack_is_the_cpu_and_gpu_pools_and_their_five_deployments():
+    pools = stack_pools([], [])
+    assert pools == {"cpu": True, "gpu": True}
+    assert stack_deployments(pools) == ["full-pipeline", "data", "train", "evaluate", "export"]
+
+
+def test_a_ladder_adds_its_rungs_in_order_with_their_deployments():
+    pools = stack_pools(["gpu-spot", "gpu-sky"], ["gpu-spot"])
+    assert list(pools.items()) == [("cpu", True), ("gpu-spot", False), ("gpu-sky", True), ("gpu", True)]
+    assert set(stack_deployments(pools)) - set(stack_deployments(stack_pools([], []))) == {
+        "train-gpu-spot", "evaluate-gpu-spot", "train-gpu-sky", "evaluate-gpu-sky"}
+
+
+@pytest.mark.parametrize("gpu_pools,no_worker,named", [
+    (["gpu-nowhere"], [], "--gpu-pools gpu-nowhere: prefect.yaml has no deployments on work pool 'gpu-nowhere'"),
+    (["cpu"], [], "the cpu pool is not a GPU pool"),
+    (["gpu-spot"], ["gpu-sky"], "--no-worker gpu-sky: not a pool of this stack"),
+    ([], ["cpu"], "--no-worker cpu"),
+])
+def test_pools_it_cannot_stand_up_are_refused_by_name(gpu_pools, no_worker, named):
+    with pytest.raises(LadderPoolsError, match=named):
+        stack_pools(gpu_pools, no_worker)
+
+
+def test_the_command_refuses_before_starting_anything(tmp_path):
+    done = gpt2(clean_env(tmp_path / "home"), tmp_path, "stack", "up", "--state-dir", str(tmp_path / "state"),
+                "--gpu-pools", "gpu-spot,gpu-nowhere", check=False)
+    assert done.returncode == 1
+    assert "gpu-nowhere" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "state" / "stack.json").exists()
