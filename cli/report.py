@@ -60,6 +60,10 @@ def describe(result: dict) -> str:
         tokens, value = line["last"]
         points = f"{line['points']} point{'s' if line['points'] != 1 else ''}"
         lines.append(f"  {line['panel']:<9} {line['label']}: {points}, last {value:.4g} at {tokens:,} tokens")
+    for run in result["runs"]:
+        counts = {k: n for k, n in run.get("spikes", {}).items() if n}
+        if counts:
+            lines.append(f"  loss spikes of {run['name']}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     if result["skipped"]:
         lines.append(f"  {len(result['skipped'])} skipped (see above)")
     if result["parent_run_id"]:

@@ -1,6 +1,9 @@
 """The figure that compares training runs (`gpt2 report`): validation loss and
 HellaSwag acc_norm against tokens trained, a line per run, with published
-GPT-2 124M numbers as horizontal reference lines.
+GPT-2 124M numbers as horizontal reference lines. The loss panel marks each
+run's loss spikes that changed what it trained (gpt2.train.spikes): a dotted
+vertical line where it rolled back, a cross on the axis where it skipped an
+update.
 
 Pure: runs come in as plain data (`RunCurves`, read back from MLflow by
 tasks.runs_report) and `figure_data` returns exactly what is drawn, per run
@@ -23,6 +26,10 @@ from gpt2.errors import UserError
 # The metric names the trainer logs (gpt2.train.loop, gpt2.train.hellaswag_in_loop)
 # and the evaluate stage logs for its lm-eval score (tasks.evaluate), at the step trained.
 VAL_LOSS, HELLASWAG = "val/loss", "hellaswag/acc_norm"
+SPIKE_EVENTS = {"spikes/skipped": "skipped", "spikes/rollback": "rollbacks", "spikes/warned": "warned"}
+"""The trainer's spike metrics (logged at the spike's step) -> the kind of event."""
+MARKED = ("skipped", "rollbacks")
+"""The events drawn on the loss panel: those that changed what the run trained."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class RunCurves:
     hellaswag_note: str | None = None
     """Set when its HellaSwag is not the full benchmark (another source, a
     limit): shown in the legend, since the reference line is the full one."""
+    events: dict[str, list[int]] = field(default_factory=dict)
+    """Loss spikes by kind (SPIKE_EVENTS' values) -> the steps they happened at."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,16 @@ class Line:
     """`train` (logged by the trainer) or `evaluate` (the evaluate stage's lm-eval score)."""
     tokens: tuple[int, ...]
     values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A loss-spike event of one run on the loss panel."""
+
+    run_id: str
+    kind: str
+    """`skipped` or `rollbacks` (MARKED)."""
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -107,6 +126,9 @@ class FigureData:
     lines: tuple[Line, ...]
     skipped: tuple[Skip, ...]
     references: tuple[Reference, ...] = REFERENCES
+    marks: tuple[Mark, ...] = ()
+    spikes: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per run id: its spike events counted by kind (every kind of SPIKE_EVENTS)."""
 
     def runs_drawn(self) -> list[str]:
         """Run ids with at least one line, in the order given."""
@@ -125,8 +147,12 @@ def figure_data(runs: Sequence[RunCurves]) -> FigureData:
     with why; NothingToDraw when no run gives any line."""
     lines: list[Line] = []
     skipped: list[Skip] = []
+    marks: list[Mark] = []
     labels = _labels(runs)
     for run in runs:
+        if run.tokens_per_step is not None:
+            marks += [Mark(run.run_id, kind, step * run.tokens_per_step)
+                      for kind in MARKED for step in run.events.get(kind, [])]
         if run.tokens_per_step is None:
             skipped.append(Skip(run.run_id, run.name, None, (
                 f"no train.total_batch_tokens param, so its steps cannot be placed on the tokens axis: "
@@ -142,7 +168,8 @@ def figure_data(runs: Sequence[RunCurves]) -> FigureData:
         reasons = "; ".join(s.describe() for s in skipped) or "no runs given"
         raise NothingToDraw(f"nothing to draw: none of the runs has {VAL_LOSS} or {HELLASWAG} metrics ({reasons}). "
                             "Name training runs that logged a validation pass (--runs)")
-    return FigureData(tuple(lines), tuple(skipped))
+    spikes = {r.run_id: {kind: len(r.events.get(kind, [])) for kind in SPIKE_EVENTS.values()} for r in runs}
+    return FigureData(tuple(lines), tuple(skipped), marks=tuple(marks), spikes=spikes)
 
 
 _MISSING_HINTS = {
@@ -182,6 +209,20 @@ def tokens_label(tokens: float, _pos: object = None) -> str:
     return f"{tokens:.3g}"
 
 
+def _draw_marks(ax, data: FigureData, colors: dict[str, str]) -> None:
+    """Rollbacks as dotted vertical lines, skipped updates as crosses on the x axis."""
+    labelled: set[str] = set()
+    for mark in (m for m in data.marks if m.run_id in colors):
+        label = {"rollbacks": "rollback (loss spike)", "skipped": "skipped update (loss spike)"}[mark.kind]
+        label = label if mark.kind not in labelled else None
+        labelled.add(mark.kind)
+        if mark.kind == "rollbacks":
+            ax.axvline(mark.tokens, color=colors[mark.run_id], linestyle=":", linewidth=1.2, label=label)
+        else:  # x in data, y in axes units: on the axis whatever the loss range
+            ax.plot([mark.tokens], [0.02], marker="x", markersize=7, linestyle="none", color=colors[mark.run_id],
+                    transform=ax.get_xaxis_transform(), label=label)
+
+
 def draw(data: FigureData, path: Path, caption: str = "") -> Path:
     """The two panels as one PNG at `path` (written whole, then renamed into place)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -202,6 +243,8 @@ def draw(data: FigureData, path: Path, caption: str = "") -> Path:
             ax.plot(line.tokens, line.values, color=colors[line.run_id], label=line.label, **style)
         if not any(x.panel == panel.key for x in data.lines):
             ax.text(0.5, 0.5, f"no run has {panel.metric}", transform=ax.transAxes, ha="center", color="gray")
+        if panel.metric == VAL_LOSS:
+            _draw_marks(ax, data, colors)
         for ref in (r for r in data.references if r.panel == panel.key):
             ax.axhline(ref.value, color="black", linestyle="--", linewidth=1, label=ref.label)
         ax.set_title(panel.title)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from gpt2 import layout
 from gpt2.errors import UserError
-from gpt2.run_comparison import HELLASWAG, PANELS, FigureData, RunCurves, draw, figure_data
+from gpt2.run_comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, draw, figure_data
 from gpt2.secrets import redact
 from gpt2.tracking import Tracker
 
@@ -115,7 +115,19 @@ def read_curves(client: Any, run: Any) -> RunCurves:
     series = {p.metric: _history(client, run.info.run_id, p.metric) for p in PANELS if p.metric in run.data.metrics}
     return RunCurves(run.info.run_id, run.info.run_name, int(per_step) if per_step and per_step.isdigit() else None,
                      series, _evaluated(client, run) if per_step else [], run.data.tags.get("stage"),
-                     _hellaswag_note(run.data.params))
+                     _hellaswag_note(run.data.params), _spike_events(client, run))
+
+
+def _spike_events(client: Any, run: Any) -> dict[str, list[int]]:
+    """The run's loss-spike events by kind: their steps, each (step, value)
+    once: a trainer killed before it recorded a rollback meets the same spike
+    again after its restart and logs it a second time."""
+    events = {}
+    for metric, kind in SPIKE_EVENTS.items():
+        if metric in run.data.metrics:
+            seen = {(m.step, m.value) for m in client.get_metric_history(run.info.run_id, metric)}
+            events[kind] = sorted(step for step, _ in seen)
+    return events
 
 
 def _hellaswag_note(params: dict[str, str]) -> str | None:
@@ -207,7 +219,8 @@ def summary(data: FigureData, out: Path, experiment: str, uri: str, parent_run_i
         "experiment": experiment,
         "tracking_uri": redact(uri),
         "runs": [{"run_id": run_id, "name": names[run_id],
-                  "panels": sorted({x.panel for x in data.lines if x.run_id == run_id})}
+                  "panels": sorted({x.panel for x in data.lines if x.run_id == run_id}),
+                  "spikes": data.spikes.get(run_id, {})}
                  for run_id in data.runs_drawn()],
         "skipped": [{"run_id": s.run_id, "name": s.name, "panel": s.panel, "reason": s.reason} for s in data.skipped],
         "lines": [{"panel": x.panel, "run_id": x.run_id, "label": x.label, "source": x.source, "points": len(x.tokens),

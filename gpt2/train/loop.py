@@ -112,7 +112,7 @@ class Loop:
             with self.board.watching(lambda err: err is self.failures.agreed, self._steps_done):
                 preempted = self._train()
             if self.s.env.is_main and self.history["train"]:
-                log_loss_curve(self.tracker, self.history, self.run_name)
+                log_loss_curve(self.tracker, self.history, self.run_name, self.spikes.events)
             status = "KILLED" if preempted else "FINISHED"
         except LeaseLost:
             status = None  # the MLflow run belongs to the new trainer now: leave its status alone

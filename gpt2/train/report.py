@@ -31,8 +31,11 @@ def text_samples(model: GPT, device: torch.device, seed: int, num: int = 4, max_
     return [enc.decode(row.tolist()) for row in out]
 
 
-def loss_curve_png(path: Path, train: list[list[float]], val: list[list[float]], title: str) -> Path:
-    """Plot train loss per step and val loss at its steps into a PNG."""
+def loss_curve_png(path: Path, train: list[list[float]], val: list[list[float]], title: str,
+                   spikes: list[dict] = ()) -> Path:
+    """Plot train loss per step and val loss at its steps into a PNG, with the
+    run's loss spikes (gpt2.train.spikes events): skipped updates as crosses
+    at their loss, rollbacks as dotted lines at the step that spiked."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on training machines
@@ -43,6 +46,11 @@ def loss_curve_png(path: Path, train: list[list[float]], val: list[list[float]],
         ax.plot([s for s, _ in train], [v for _, v in train], label="train loss", linewidth=1)
     if val:
         ax.plot([s for s, _ in val], [v for _, v in val], "o-", label="val loss")
+    skipped = [(e["step"], float(e["loss"])) for e in spikes if e.get("action") == "skipped"]
+    if skipped:
+        ax.plot(*zip(*skipped), "x", color="red", label="skipped update (spike)")
+    for i, step in enumerate(e["step"] for e in spikes if e.get("action") == "rollback"):
+        ax.axvline(step, color="gray", linestyle=":", label="rollback (spike)" if i == 0 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title(title)
@@ -65,8 +73,8 @@ def log_samples(tracker, model: GPT, device: torch.device, seed: int, step: int)
         tracker.log_artifact(path, "samples")
 
 
-def log_loss_curve(tracker, history: dict[str, list], run_name: str) -> None:
+def log_loss_curve(tracker, history: dict[str, list], run_name: str, spikes: list[dict] = ()) -> None:
     """The run's loss curve (train and validation) as an MLflow artifact (rank 0)."""
     with tempfile.TemporaryDirectory() as tmp:
-        png = loss_curve_png(Path(tmp) / "loss_curve.png", history["train"], history["val"], run_name)
+        png = loss_curve_png(Path(tmp) / "loss_curve.png", history["train"], history["val"], run_name, spikes)
         tracker.log_artifact(png)

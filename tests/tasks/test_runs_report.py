@@ -25,9 +25,12 @@ def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
     a, b, c = (tiny_config(root, **{"train.total_batch_tokens": tokens, "train.lr": lr})
                for tokens, lr in ((256, 3e-3), (512, 1e-3), (256, 1e-4)))
-    a_id = training_run(a, {"val/loss": [(4, 9.5), (8, 8.5)], "hellaswag/acc_norm": [(4, 0.25), (8, 0.26)]})
-    # Killed after step 8's metrics, resumed from step 6's checkpoint: step 8 is logged again.
-    training_run(a, {"val/loss": [(8, 8.25)], "hellaswag/acc_norm": [(8, 0.27)]}, run_id=a_id)
+    a_id = training_run(a, {"val/loss": [(4, 9.5), (8, 8.5)], "hellaswag/acc_norm": [(4, 0.25), (8, 0.26)],
+                            "spikes/skipped": [(3, 1.0)], "spikes/rollback": [(7, 6.0)]})
+    # Killed after step 8's metrics, resumed from step 6's checkpoint: step 8 is logged again, and the
+    # rollback at step 7 (killed before its record was written, it met the same spike again).
+    training_run(a, {"val/loss": [(8, 8.25)], "hellaswag/acc_norm": [(8, 0.27)], "spikes/rollback": [(7, 6.0)]},
+                 run_id=a_id)
     b_id = training_run(b, {"val/loss": [(5, 9.0), (10, 8.0)], "hellaswag/acc_norm": [(10, 0.28)]})
     eval_id = evaluate_run(b, step=10, acc_norm=0.3)
     c_id = training_run(c, {"train/loss": [(1, 10.9), (2, 10.7)]})
@@ -137,3 +140,13 @@ def test_a_limited_or_sample_hellaswag_is_noted_from_the_runs_eval_params():
 
 def _name(store, run_id: str) -> str:
     return MlflowClient(store.uri).get_run(run_id).info.run_name
+
+
+def test_loss_spikes_are_marked_on_the_loss_panel_and_counted_per_run(store, tmp_path):
+    data = _data(store, [store.a, store.b])
+    assert sorted((m.run_id, m.kind, m.tokens) for m in data.marks) == [
+        (store.a, "rollbacks", 7 * 256), (store.a, "skipped", 3 * 256)]  # the rollback logged twice, drawn once
+    report = make_report(store.uri, "gpt2", [store.a, store.b], tmp_path / "report.png")
+    spikes = {r["run_id"]: r["spikes"] for r in report["runs"]}
+    assert spikes == {store.a: {"skipped": 1, "rollbacks": 1, "warned": 0},
+                      store.b: {"skipped": 0, "rollbacks": 0, "warned": 0}}
