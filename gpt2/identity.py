@@ -41,7 +41,8 @@ def fingerprint(obj: Any, length: int = 16) -> str:
 # max_document_chars: the older code did not cut documents, so at the default
 # the tokens differ only for a source holding a document over 1M characters
 # (about 250k tokens); such data is kept, with that document whole.
-ADDED_DATA_KEYS = {"max_document_chars": DataConfig.model_fields["max_document_chars"].default}
+# source_format and val_split: `auto` and `head` are how the older code read and split.
+ADDED_DATA_KEYS = {k: DataConfig.model_fields[k].default for k in ("max_document_chars", "source_format", "val_split")}
 
 
 # DataConfig keys that choose how training reads the shards, not what they hold:
@@ -68,8 +69,9 @@ def data_identity(config: Config) -> dict:
 # but never re-tokenizes (hours at 10B tokens); changing limits re-tokenizes
 # but never re-downloads.
 DATA_STEP_FIELDS = {
-    "download": ("source",),
-    "tokenize": ("source", "text_field", "max_documents", "max_tokens", "max_document_chars", "tokenizer"),
+    "download": ("source", "source_format"),
+    "tokenize": ("source", "source_format", "text_field", "max_documents", "max_tokens", "max_document_chars",
+                 "tokenizer"),
 }
 
 
