@@ -6,6 +6,7 @@ reported at once in a single ConfigError.
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any, Iterable, Mapping
 
@@ -24,6 +25,16 @@ class ConfigError(ValueError):
         super().__init__(
             "invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+def closest(name: str, known: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """What a mistyped key or preset most likely meant: the keys with the same
+    last part in another section (`model.max_steps` -> train.max_steps), else the
+    nearest spellings (`train.max_step` -> train.max_steps, `small` -> smoke)."""
+    known = sorted(known)
+    leaf = name.split(".")[-1]
+    same_leaf = [k for k in known if "." in k and k.split(".")[-1] == leaf]
+    return same_leaf or difflib.get_close_matches(name, known, n=2, cutoff=cutoff)
 
 
 def _where(loc: tuple) -> str:
@@ -76,7 +87,7 @@ def apply_overrides(base: Config, overrides: Mapping[str, Any]) -> tuple[dict, l
     problems = []
     for key, value in overrides.items():
         if key not in KNOWN_KEYS:
-            hint = ", ".join(sorted(k for k in KNOWN_KEYS if k.split(".")[-1] == key.split(".")[-1]))
+            hint = " or ".join(closest(key, KNOWN_KEYS))
             problems.append(f"unknown key {key!r}" + (f" (did you mean {hint}?)" if hint else ""))
             continue
         node = tree
@@ -102,7 +113,9 @@ def resolve_config(
     if root is not None:
         values["runtime.root"] = root
     if preset not in PRESETS:
-        problems.append(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
+        hint = " or ".join(closest(preset, PRESETS, cutoff=0.4))  # few, short names: `small` -> smoke
+        problems.append(f"unknown preset {preset!r}" + (f" (did you mean {hint}?)" if hint else "")
+                        + f"; choose one of {', '.join(sorted(PRESETS))}")
         raise ConfigError(problems)
     tree, more = apply_overrides(PRESETS[preset](), values)
     problems += more

@@ -267,3 +267,17 @@ def test_gpt2_presets_have_the_sizes_of_their_names(name, params_m, tokens_b):
     steps = planned_steps(config)[0]  # gpt2-124m: one epoch, ~10B tokens until the data says how many
     assert steps * config.train.total_batch_tokens / 1e9 == pytest.approx(tokens_b, rel=0.02)
     assert config.train.micro_batch_size == "auto" and config.train.warmup_steps == 700
+
+
+@pytest.mark.parametrize("preset,overrides,says", [
+    ("smoke", {"train.max_step": 40}, "unknown key 'train.max_step' (did you mean train.max_steps"),
+    ("smoke", {"model.max_steps": 40}, "(did you mean train.max_steps?)"),
+    ("small", {}, "unknown preset 'small' (did you mean smoke?)"),
+    ("gpt2-124", {}, "(did you mean gpt2-124m"),
+])
+def test_a_mistyped_key_or_preset_names_the_closest_valid_one(preset, overrides, says):
+    from gpt2.overrides import ConfigError, resolve_config
+
+    with pytest.raises(ConfigError) as err:
+        resolve_config(preset, overrides)
+    assert says in str(err.value)
