@@ -131,6 +131,32 @@ def check_root(config: Config) -> str | None:
 _ROOT_CHECKED: dict[str, str | None] = {}  # root -> why it cannot be written; a command asks once
 
 
+def announce_server() -> str | None:
+    """The one line a command prints first when its flows go to a running
+    Prefect server rather than a temporary one of its own: which server, and
+    why (the environment, or a profile such as `gpt2 stack up`'s), since runs,
+    logs and results then land there. None (and nothing printed) otherwise."""
+    import os
+
+    from prefect.context import get_settings_context
+
+    from cli.stack.prefect_setup import PROFILE
+
+    context = get_settings_context()
+    url = context.settings.api.url
+    if not url:
+        return None
+    if os.environ.get("PREFECT_API_URL"):
+        why = "$PREFECT_API_URL is set"
+    else:
+        profile = context.profile.name
+        why = (f"the Prefect profile {profile!r} is active (`gpt2 stack up` made it; `gpt2 stack down` switches back)"
+               if profile == PROFILE else f"the Prefect profile {profile!r} sets PREFECT_API_URL")
+    line = f"using the Prefect server at {redact(url)}: {why}"
+    typer.echo(line, err=True)
+    return line
+
+
 def temporary_server_database(config: Config) -> None:
     """Prefect's temporary server (no PREFECT_API_URL) keeps its run history
     in the work dir, `<work dir>/prefect.db`, beside this project's other
@@ -208,6 +234,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     if unwritable:
         return config, _read_only_answer(entrypoint, config, unwritable, kwargs)
     prefect_env()
+    announce_server()
     temporary_server_database(config)
     module, name = entrypoint.split(":")
     flow_fn = getattr(importlib.import_module(module), name)
