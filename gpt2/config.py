@@ -93,8 +93,9 @@ class DataConfig(_Section):
         if self.source_format == "nanogpt-bin":
             limits = [k for k in ("max_documents", "max_tokens") if getattr(self, k) is not None]
             if limits:
-                raise ValueError(f"data.{' and data.'.join(limits)} do not apply to data.source_format=nanogpt-bin: "
-                                 "its files are used whole; to train on fewer tokens set train.max_steps")
+                keys = f"data.{' and data.'.join(limits)} {'do' if len(limits) > 1 else 'does'}"
+                raise ValueError(f"{keys} not apply to data.source_format=nanogpt-bin: its files are used whole; "
+                                 "to train on fewer tokens set train.max_steps")
             if self.source.startswith("builtin:"):
                 raise ValueError(f"data.source {self.source!r} is text, not nanoGPT's token files: give the folder "
                                  "or glob holding train.bin and val.bin, or data.source_format=auto")

@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 # Source bytes per GPT-2 token, on the low side (so tokens and disk are
 # over-estimated): English prose is ~4.3 bytes of UTF-8 per token, JSON adds
-# keys and escapes; FineWeb-edu's parquet holds ~2.7 bytes per token.
-SOURCE_BYTES_PER_TOKEN = {"parquet": 2.0, "json": 3.5, "text": 3.5, "compressed": 1.0}
+# keys and escapes; FineWeb-edu's parquet holds ~2.7 bytes per token; nanoGPT's
+# token files hold exactly 2.
+SOURCE_BYTES_PER_TOKEN = {"parquet": 2.0, "json": 3.5, "text": 3.5, "compressed": 1.0, "nanogpt-bin": 2.0}
 TOKEN_BYTES = 2  # uint16 in parts and shards alike
 HEADROOM = 1.05  # headers, records, filesystem slack
 

@@ -1,12 +1,15 @@
 """Data step 3, shard: cut the token stream into llm.c shards on local disk.
 
-The validation slice comes first (a fixed slice, so the validation set never
-depends on the GPU count), then train; the step's record (`shards.json`) is
-written last.
+The validation split comes first (fixed, so the validation set never depends
+on the GPU count), then train; the step's record (`shards.json`) is written
+last. The val split is the stream's first data.val_tokens tokens, the tokens
+the source fixes as val (nanoGPT's val.bin), or with data.val_split=nanogpt the
+documents nanoGPT holds out (gpt2.data.doc_split).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Iterator
@@ -16,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpt2 import layout, storage
 from gpt2.config import Config
+from gpt2.data.doc_split import split_documents
 from gpt2.data.llmc import write_shard
 from gpt2.data.manifest import ShardEntry
 from gpt2.data.tokenize import EmptyCorpusError, Tokenized, reuse
@@ -38,16 +42,19 @@ def local_shards_ok(local: LocalShards) -> bool:
     return all((d / e.path).is_file() and (d / e.path).stat().st_size == e.bytes for e in local.shards)
 
 
-def split_sizes(config: Config, total: int) -> list[tuple[str, int]]:
+def split_sizes(config: Config, total: int, val: int | None = None) -> list[tuple[str, int]]:
     """(split, tokens) of every shard: the val slice first, then train.
 
-    The val slice is `data.val_tokens` unless the corpus is smaller than twice
-    that; then it is a tenth of the corpus, so small corpora still get both.
+    `val`: the val split's tokens where the source or data.val_split fixes
+    them; otherwise the val slice is `data.val_tokens` unless the corpus is
+    smaller than twice that; then it is a tenth of the corpus, so small corpora
+    still get both.
     """
-    val = config.data.val_tokens
-    if total < 2 * val:
-        val = max(1, total // 10)
-        log.warning("corpus has %d tokens, fewer than 2 × data.val_tokens; using %d for validation", total, val)
+    if val is None:
+        val = config.data.val_tokens
+        if total < 2 * val:
+            val = max(1, total // 10)
+            log.warning("corpus has %d tokens, fewer than 2 × data.val_tokens; using %d for validation", total, val)
     if total - val < 1:
         raise EmptyCorpusError(f"corpus has only {total} tokens: too few for a validation and a training split")
     size = config.data.shard_size
@@ -55,6 +62,15 @@ def split_sizes(config: Config, total: int) -> list[tuple[str, int]]:
     for split, n in (("val", val), ("train", total - val)):
         plan += [(split, min(size, n - start)) for start in range(0, n, size)]
     return plan
+
+
+def _split_stream(config: Config, tok: Tokenized) -> tuple[Iterator[np.ndarray], int | None]:
+    """The token stream with the val split's tokens first, and their number
+    (None: split_sizes cuts the head of the stream by data.val_tokens)."""
+    if config.data.val_split == "nanogpt" and tok.val_tokens is None:
+        val, n_val, train = split_documents([Path(tok.directory) / name for name in tok.parts], tok.documents)
+        return itertools.chain(val, train), n_val
+    return _read_stream(tok), tok.val_tokens
 
 
 def _read_stream(tok: Tokenized) -> Iterator[np.ndarray]:
@@ -71,9 +87,9 @@ def shard_tokens(config: Config, tok: Tokenized) -> LocalShards:
     done_file = directory / DONE_RECORD
     if done := reuse(done_file, LocalShards, local_shards_ok):
         return done
-    stream, rest = _read_stream(tok), []
+    (stream, n_val), rest = _split_stream(config, tok), []
     entries = []
-    for index, (split, n) in enumerate(split_sizes(config, tok.tokens)):
+    for index, (split, n) in enumerate(split_sizes(config, tok.tokens, n_val)):
         # Views into the mapped parts, never a concatenated copy (which, with
         # shards smaller than a part, also recopied the part's rest per shard).
         pieces, have = rest, sum(len(p) for p in rest)

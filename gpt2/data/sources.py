@@ -5,7 +5,8 @@ offline sample. Reading a file's documents is gpt2.data.unit_readers' part.
 `.txt` files (`file://`, `gs://`, `s3://`, `hf://datasets/...`) or
 `builtin:python-docs`: the reference topics that CPython ships in
 `pydoc_data.topics` (~80 documents, ~110k tokens of real English prose), which
-lets the smoke preset run with no network.
+lets the smoke preset run with no network. With data.source_format=nanogpt-bin
+it names nanoGPT's token files instead (gpt2.data.nanogpt_bin).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def file_format(path: str) -> str | None:
 
 def resolve(cfg: DataConfig) -> SourceFiles:
     """Expand `cfg.source` into concrete files, failing clearly when nothing matches."""
+    if cfg.source_format == "nanogpt-bin":
+        from gpt2.data.nanogpt_bin import resolve_token_files
+
+        return resolve_token_files(cfg)
     if cfg.source.startswith(BUILTIN_PREFIX):
         builtin_documents(cfg.source)  # validates the name
         return SourceFiles(url=cfg.source, format="json", files=(), builtin=True)
@@ -95,6 +100,9 @@ def resolve(cfg: DataConfig) -> SourceFiles:
             ".jsonl/.json/.parquet/.txt files, or builtin:python-docs"
         )
     formats = {file_format(p) for p in paths}
+    if {posixpath.basename(p) for p in paths} & {"train.bin", "val.bin"}:
+        raise SourceError(f"data.source {cfg.source!r} holds .bin files: nanoGPT's train.bin/val.bin are tokens, "
+                          "not text; read them with data.source_format=nanogpt-bin")
     if None in formats or len(formats) != 1:
         bad = [p for p in paths if file_format(p) is None][:3]
         raise SourceError(

@@ -46,8 +46,13 @@ class Tokenized(BaseModel):
     documents: int
     tokens: int
     parts: list[str]
+    """Part files, in stream order: names in `directory`, or absolute paths of
+    token files read where they lie (nanoGPT's, gpt2.data.nanogpt_bin)."""
     truncated: int = 0
     """Documents cut to data.max_document_chars (0 in records older than the key)."""
+    val_tokens: int | None = None
+    """Tokens at the head of the stream that the source fixes as the val split
+    (nanoGPT's val.bin); None: the shard step splits (gpt2.data.shard.split_sizes)."""
 
 
 def tokenized_ok(tok: Tokenized) -> bool:
@@ -86,6 +91,10 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
     """Tokenize the source's work units into local parts, resuming after the
     last complete ones. executor: where units run (None: this machine's
     process pool of runtime.num_workers)."""
+    if config.data.source_format == "nanogpt-bin":  # already tokens: checked, never retokenized
+        from gpt2.data.nanogpt_bin import read_token_files
+
+        return read_token_files(config, source)
     directory = layout.data_step_dir(config, "tokenize")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / DONE_RECORD
