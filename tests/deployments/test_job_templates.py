@@ -167,6 +167,53 @@ def test_kubernetes_job_with_the_defaults_is_what_the_api_takes(prefect_server):
     assert mount["mountPath"].endswith("/.cache")  # runtime.work_dir's default (~/.cache/gpt2-pipeline) is in it
 
 
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def test_kubernetes_job_joins_a_kueue_queue_only_when_one_is_named(prefect_server):
+    """#44: kueue_queue puts Kueue's queue label on the Job (Kueue suspends it
+    until its ClusterQueue admits it); unset, the label is not there at all
+    (Prefect's templating drops a placeholder without a value), and the
+    labels job variable still reaches the Job either way."""
+    worker = pytest.importorskip("prefect_kubernetes.worker")
+    from gpt2.launch import k8s_template
+
+    template = deployment_file.pool_template("kubernetes-gpu")
+    queued = _render(worker.KubernetesWorkerJobConfiguration, template,
+                     {**K8S_REQUIRED, "kueue_queue": "team-a-gpu", "labels": {"team": "a"}})
+    k8s_template.validate([queued.job_manifest])
+    labels = queued.job_manifest["metadata"]["labels"]
+    assert labels[KUEUE_LABEL] == "team-a-gpu" and labels["team"] == "a"
+    # Kueue admits the Job; a pod carrying the label too would be a second workload to Kueue's pod integration.
+    assert KUEUE_LABEL not in queued.job_manifest["spec"]["template"]["metadata"]["labels"]
+    plain = _render(worker.KubernetesWorkerJobConfiguration, template, K8S_REQUIRED)
+    assert KUEUE_LABEL not in plain.job_manifest["metadata"]["labels"]
+    assert "prefect.io/flow-run-name" in plain.job_manifest["metadata"]["labels"]  # Prefect's own labels stay
+
+
+def test_kueue_queue_must_be_a_kubernetes_name():
+    variables = deployment_file.pool_template("kubernetes-gpu")["variables"]
+    for bad in ("Team A", "-gpu", "q" * 64):
+        with pytest.raises(ValidationError, match="kueue_queue"):
+            validate({**K8S_REQUIRED, "kueue_queue": bad}, variables, raise_on_error=True)
+    validate({**K8S_REQUIRED, "kueue_queue": "team-a.gpu"}, variables, raise_on_error=True)
+
+
+def test_kubernetes_pod_watch_outlasts_the_stages_own_wait_to_start(prefect_server):
+    """A Job Kueue holds suspended (or waiting for a Spot node) has no pod yet:
+    the worker's pod watch must not give the run up before the stage's own
+    wait (runtime.stage_start_timeout_s; the ladder's start_timeout_s is shorter)."""
+    worker = pytest.importorskip("prefect_kubernetes.worker")
+    from gpt2.config import RuntimeConfig
+
+    config = _render(worker.KubernetesWorkerJobConfiguration, deployment_file.pool_template("kubernetes-gpu"),
+                     K8S_REQUIRED)
+    assert config.pod_watch_timeout_seconds == _defaults("kubernetes-gpu")["pod_watch_timeout_seconds"]
+    assert config.pod_watch_timeout_seconds >= RuntimeConfig.model_fields["stage_start_timeout_s"].default
+    assert config.pod_watch_timeout_seconds > worker.KubernetesWorkerJobConfiguration.model_fields[
+        "pod_watch_timeout_seconds"].default  # prefect-kubernetes' own 60 s is what it replaces
+
+
 def test_vertex_job_with_the_defaults_builds_through_the_workers_own_code(prefect_server, tmp_path, monkeypatch):
     """The CustomJobSpec the Vertex worker would submit (its own _build_job_spec,
     google-cloud-aiplatform's types): the run-as service account, SPOT without
