@@ -7,7 +7,8 @@ the steps follow from the prepared train split, ~19,073 of 524,288 tokens for it
 ~10B tokens, so the last steps never re-read the first shard; gpt2.steps), the
 data of Karpathy's build-nanogpt
 (llm.c's own 124M run used FineWeb 10B, not the edu subset, so its HellaSwag
-curve is a reference, not a target to match step for step).
+curve is a reference, not a target to match step for step); `gpt2-124m-owt` is
+the same recipe on OpenWebText with nanoGPT's split, to compare with nanoGPT.
 """
 
 from __future__ import annotations
@@ -42,6 +43,30 @@ def gpt2_124m() -> Config:
         eval=EvalConfig(hellaswag_source="hf://datasets/Rowan/hellaswag", every_steps=250),
         export=ExportConfig(registered_model="gpt2-124m"),
     )
+
+
+OPENWEBTEXT = "hf://datasets/Skylion007/openwebtext/data/train-*.parquet"
+
+
+def gpt2_124m_owt() -> Config:
+    """GPT-2 (124M) with llm.c's recipe on OpenWebText, the data nanoGPT reproduces
+    GPT-2 on, so the run's val loss is measured on nanoGPT's val documents and
+    compares with nanoGPT's figures (the report draws those, gpt2.reference_lines).
+
+    Source: Skylion007/openwebtext on the Hugging Face hub, the dataset nanoGPT's
+    data/openwebtext/prepare.py loads as `openwebtext` (8,013,769 documents, one
+    `text` column). `datasets` no longer runs its loading script; the hub serves it
+    as parquet files (data/train-*.parquet), which fsspec's hf:// reads as any
+    other source. The split is nanoGPT's (data.val_split=nanogpt: 0.05% of the
+    documents, seed 2357); everything else is gpt2-124m's, so one epoch is ~9.04B
+    tokens (~17,234 steps of 524,288). With nanoGPT's train.bin/val.bin at hand,
+    `--set data.source_format=nanogpt-bin --set data.source=<their folder>` reads
+    them as they are instead (gpt2.data.nanogpt_bin).
+    """
+    base = gpt2_124m()
+    data = DataConfig(name="openwebtext", source=OPENWEBTEXT, shard_size=100_000_000, val_split="nanogpt")
+    return Config(preset="gpt2-124m-owt", model=base.model, data=data, train=base.train, eval=base.eval,
+                  export=ExportConfig(registered_model="gpt2-124m-owt"))
 
 
 def _larger_gpt2(name: str, depth: int, width: int, heads: int, data: DataConfig, total_batch_tokens: int,
@@ -120,5 +145,5 @@ def smoke() -> Config:
 
 
 PRESETS: dict[str, Callable[[], Config]] = {
-    "gpt2-124m": gpt2_124m, "gpt2-350m": gpt2_350m, "gpt2-774m": gpt2_774m, "gpt2-1558m": gpt2_1558m, "smoke": smoke,
+    "gpt2-124m": gpt2_124m, "gpt2-124m-owt": gpt2_124m_owt, "gpt2-350m": gpt2_350m, "gpt2-774m": gpt2_774m, "gpt2-1558m": gpt2_1558m, "smoke": smoke,
 }
