@@ -15,7 +15,7 @@ trainers, and two GPU machines are billed at once for at most a cancellation.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
@@ -125,7 +125,8 @@ def _server_away(err: BaseException) -> bool:
     return isinstance(err, (httpx.TransportError, OSError))
 
 
-def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[dict]):
+def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[dict],
+           tick: Callable[[], None] | None = None):
     """Poll the run until the ladder's verdict is not `wait`. A Prefect server
     that goes away (a restart, an upgrade) is waited for up to SERVER_AWAY_S:
     the verdict comes from the run's history on the server, so the ladder
@@ -151,6 +152,8 @@ def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[
             continue
         if decided.action != "wait":
             return decided, run
+        if tick is not None:
+            tick()
         time.sleep(POLL_S)
 
 
@@ -164,9 +167,10 @@ def _parameters(config: Config, parameters: dict[str, Any], after_a_left_rung: b
 
 
 def run_on_ladder(stage: str, config: Config, parameters: dict[str, Any], parent_key: str,
-                  grace_s: float) -> tuple[FlowRun, list[dict]]:
+                  grace_s: float, tick: Callable[[], None] | None = None) -> tuple[FlowRun, list[dict]]:
     """The stage's completed run, on the first rung that ran it to the end, and
-    the rungs left on the way ({pool, why, flow_run_id, flow_run}, in order)."""
+    the rungs left on the way ({pool, why, flow_run_id, flow_run}, in order);
+    `tick` runs at every poll (flows.child_progress)."""
     logger = get_run_logger()
     record_url = layout.ladder_record(config, parent_key, stage)
     left: list[dict] = list((storage.read_record(record_url) or {}).get("left", []))
@@ -179,7 +183,7 @@ def run_on_ladder(stage: str, config: Config, parameters: dict[str, Any], parent
                                idempotency_key=f"{parent_key}:{stage}:{rung.pool}", as_subflow=True)
         logger.info("stage %s: flow run %s on rung %d/%d, work pool %s (deployment %s)", stage, child.name,
                     i + 1, len(rungs), rung.pool, name)
-        decided, run = _watch(child.id, rung, i == len(rungs) - 1, config, grace_s, left)
+        decided, run = _watch(child.id, rung, i == len(rungs) - 1, config, grace_s, left, tick)
         if decided.action == "done":
             return run, left
         if decided.action == "leave":

@@ -12,13 +12,14 @@ through that window and only give up once it stays Crashed.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 
+from flows import child_progress
 from gpt2 import ladder, layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
@@ -115,7 +116,7 @@ def _read(run_id) -> FlowRun:
 WAITING_STATES = (StateType.SCHEDULED, StateType.PENDING)
 
 
-def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0) -> FlowRun:
+def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Callable[[], None] | None = None) -> FlowRun:
     """The run once it is final. A run that waits to start (Scheduled, Pending;
     a rescheduled one too) longer than `start_timeout_s` raises StageFailed
     saying what is missing, instead of keeping the parent waiting forever."""
@@ -135,13 +136,17 @@ def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0) -> FlowRun:
                     f"{run.work_pool_name or 'POOL'}`) or allow longer with runtime.stage_start_timeout_s")
         else:
             waiting_since = None
+        if tick is not None:
+            tick()
         time.sleep(poll_s)
 
 
-def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf")) -> FlowRun:
-    """Wait for a final state that no automation is about to change."""
+def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),
+             tick: Callable[[], None] | None = None) -> FlowRun:
+    """Wait for a final state that no automation is about to change; `tick`
+    runs at every poll (the training child's progress line: flows.child_progress)."""
     while True:
-        run = _wait_final(run_id, start_timeout_s)
+        run = _wait_final(run_id, start_timeout_s, tick=tick)
         if run.state.type != StateType.CRASHED:
             return run
         deadline = time.monotonic() + grace_s
@@ -162,17 +167,18 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
     a GPU stage goes down the ladder of GPU pools when one is given
     (flows.ladder), with the rungs it tried in the result's `rungs`."""
     check_root_reachable(config)
+    tick = child_progress.reporter(stage, config, get_run_logger().info)
     if config.runtime.gpu_pools and stage in ladder.FLOWS:
         from flows.ladder import run_on_ladder
 
-        run, left = run_on_ladder(stage, config, parameters, parent_key, grace_s)
+        run, left = run_on_ladder(stage, config, parameters, parent_key, grace_s, tick)
         rungs = [{"pool": e["pool"], "left": e["why"], "flow_run": e["flow_run"]} for e in left]
         return {**_result(stage, config, run), "rungs": rungs + [{"pool": run.work_pool_name, "left": None,
                                                                    "flow_run": run.name}]}
     child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
     get_run_logger().info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
-    run = _settled(child.id, grace_s, config.runtime.stage_start_timeout_s)
+    run = _settled(child.id, grace_s, config.runtime.stage_start_timeout_s, tick)
     if run.state is None or run.state.type != StateType.COMPLETED:
         state = run.state.name if run.state else "unknown"
         message = run.state.message if run.state else ""

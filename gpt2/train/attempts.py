@@ -169,6 +169,9 @@ class Attempt:
             if info.mfu is not None:  # a running mean over the steady steps
                 r["mfu"] = (r["mfu"] or 0.0) + (info.mfu - (r["mfu"] or 0.0)) / r["steps_timed"]
         r["step"], r["heartbeat_at"] = info.step, now
+        # What a parent flow watching this run logs (flows.child_progress), as of the last write.
+        r["progress"] = {"max_steps": info.max_steps, "loss": info.loss, "tokens_per_second": info.tokens_per_second,
+                         "eta_s": info.eta_seconds}
         self._progress_here()
         # The first step at once: from then on the attempt counts in the bill,
         # even if it is killed before its first heartbeat; and with each

@@ -251,3 +251,20 @@ def test_a_start_that_fails_before_its_first_step_lets_go_and_is_not_billed_as_a
     assert result.bill["attempts"] == 1 and result.bill["ends"] == {"error": 1, "done": 1}
     walls = [r["ended_at"] - r["started_at"] for r in records]
     assert result.bill["device_hours"] == pytest.approx(sum(walls) / 3600)
+
+
+def test_an_attempt_records_its_pool_its_price_and_its_progress(tmp_path):
+    """The pool comes from the flow run's tags (tasks.tracking.flow_run_tags), its
+    price from the ladder (runtime.gpu_pools); the parent's progress line reads the record."""
+    from flows.child_progress import describe
+
+    config = tiny_config(tmp_path, **{"runtime.gpu_pools": "gpu-spot:1.5,gpu:4.0", "runtime.price_per_hour": 9.0})
+    write_dataset(config)
+    result = train(config, tags={"prefect.work_pool": "gpu-spot"})
+    (record,) = read_attempts(layout.run_dir(config))
+    assert record["pool"] == "gpu-spot" and record["price_per_hour"] == 1.5
+    assert result.bill["pools"]["gpu-spot"]["cost"] == pytest.approx(1.5 * result.bill["device_hours"])
+    assert result.bill["cost"] == pytest.approx(1.5 * result.bill["device_hours"])  # not the run's 9.0
+    line = describe(record)
+    assert line.startswith(f"train: step {config.train.max_steps}/{config.train.max_steps}, loss ")
+    assert line.endswith("(done) (pool gpu-spot)")
