@@ -1,6 +1,7 @@
 """The figure that compares training runs (`gpt2 report`): validation loss and
 HellaSwag acc_norm against tokens trained, a line per run, with published
-GPT-2 124M numbers as horizontal reference lines. The loss panel marks each
+GPT-2 124M numbers as horizontal reference lines: those published on the data
+the runs trained on (gpt2.reference_lines). The loss panel marks each
 run's loss spikes that changed what it trained (gpt2.train.spikes): a dotted
 vertical line where it rolled back, a cross on the axis where it skipped an
 update.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpt2.errors import UserError
+from gpt2.reference_lines import REFERENCES, Reference, references_for  # noqa: F401 - REFERENCES' old home
 
 # The metric names the trainer logs (gpt2.train.loop, gpt2.train.hellaswag_in_loop)
 # and the evaluate stage logs for its lm-eval score (tasks.evaluate), at the step trained.
@@ -46,26 +48,6 @@ PANELS = (Panel("val_loss", VAL_LOSS, "validation loss", percent=False),
 
 
 @dataclass(frozen=True)
-class Reference:
-    panel: str
-    value: float
-    """In the unit the panel's metric is logged in (acc_norm as a fraction)."""
-    label: str
-    """The legend entry: the number and where it was published."""
-
-
-REFERENCES = (
-    # llm.c's GPT-2 124M run (github.com/karpathy/llm.c/discussions/481): 10B tokens of
-    # FineWeb, loss on FineWeb's validation split. Our split is data.source's (FineWeb-edu for
-    # gpt2-124m), so this line is a guide, not the same measurement.
-    Reference("val_loss", 3.28, "llm.c GPT-2 124M: 3.28 (FineWeb val, 10B tokens; llm.c #481)"),
-    # OpenAI's released GPT-2 124M scored by lm-eval's hellaswag task, 0-shot: the scorer the
-    # evaluate stage runs, and the one the in-loop scorer is proven to match.
-    Reference("hellaswag", 0.311, "OpenAI GPT-2 124M: 31.1% (lm-eval hellaswag acc_norm)"),
-)
-
-
-@dataclass(frozen=True)
 class RunCurves:
     """One run as read back from tracking: what the figure needs of it."""
 
@@ -83,6 +65,9 @@ class RunCurves:
     limit): shown in the legend, since the reference line is the full one."""
     events: dict[str, list[int]] = field(default_factory=dict)
     """Loss spikes by kind (SPIKE_EVENTS' values) -> the steps they happened at."""
+    dataset: str | None = None
+    """The published dataset it trained on (gpt2.reference_lines.dataset_of): picks the
+    loss reference lines; None: data no figure was published on, no loss line."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +154,9 @@ def figure_data(runs: Sequence[RunCurves]) -> FigureData:
         raise NothingToDraw(f"nothing to draw: none of the runs has {VAL_LOSS} or {HELLASWAG} metrics ({reasons}). "
                             "Name training runs that logged a validation pass (--runs)")
     spikes = {r.run_id: {kind: len(r.events.get(kind, [])) for kind in SPIKE_EVENTS.values()} for r in runs}
-    return FigureData(tuple(lines), tuple(skipped), marks=tuple(marks), spikes=spikes)
+    drawn = {line.run_id for line in lines}
+    references = references_for(r.dataset for r in runs if r.run_id in drawn)
+    return FigureData(tuple(lines), tuple(skipped), references, marks=tuple(marks), spikes=spikes)
 
 
 _MISSING_HINTS = {

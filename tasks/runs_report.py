@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from gpt2 import layout
 from gpt2.errors import UserError
 from gpt2.run_comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, draw, figure_data
+from gpt2.reference_lines import dataset_of
 from gpt2.secrets import redact
 from gpt2.tracking import Tracker
 
@@ -115,7 +116,7 @@ def read_curves(client: Any, run: Any) -> RunCurves:
     series = {p.metric: _history(client, run.info.run_id, p.metric) for p in PANELS if p.metric in run.data.metrics}
     return RunCurves(run.info.run_id, run.info.run_name, int(per_step) if per_step and per_step.isdigit() else None,
                      series, _evaluated(client, run) if per_step else [], run.data.tags.get("stage"),
-                     _hellaswag_note(run.data.params), _spike_events(client, run))
+                     _hellaswag_note(run.data.params), _spike_events(client, run), dataset_of(run.data.params))
 
 
 def _spike_events(client: Any, run: Any) -> dict[str, list[int]]:

@@ -24,7 +24,38 @@ def test_lines_are_tokens_against_values_per_run_and_panel():
     final = data.line("hellaswag", B.run_id, source="evaluate")
     assert (final.tokens, final.values, final.label) == ((5120,), (0.3,), "smoke-bbb (lm-eval)")
     assert data.runs_drawn() == [A.run_id, B.run_id] and data.skipped == ()
-    assert {(r.panel, r.value) for r in data.references} == {("val_loss", 3.28), ("hellaswag", 0.311)}
+    # Smoke runs train on Python's docs: no loss was published on them, so HellaSwag's line only.
+    assert {(r.panel, r.value) for r in data.references} == {("hellaswag", 0.311)}
+
+
+def test_the_loss_references_follow_each_runs_data():
+    fineweb = RunCurves("h" * 32, "fineweb-run", 256, {"val/loss": [(4, 3.5)]}, stage="train", dataset="fineweb")
+    owt = RunCurves("i" * 32, "owt-run", 256, {"val/loss": [(4, 3.0)]}, stage="train", dataset="openwebtext")
+    loss = lambda data: {(r.value, r.label.split(" (")[1]) for r in data.references if r.panel == "val_loss"}
+    assert loss(figure_data([fineweb])) == {(3.28, "FineWeb val, 10B tokens; llm.c #481)")}
+    assert loss(figure_data([owt])) == {(2.85, "OpenWebText val; nanoGPT README)"),
+                                        (3.12, "OpenWebText val; nanoGPT README baselines)")}
+    both = figure_data([owt, fineweb, A])
+    assert [r.value for r in both.references] == [2.85, 3.12, 3.28, 0.311]
+    # A run that is skipped (nothing drawn) brings no line of its data.
+    skipped = RunCurves("j" * 32, "owt-empty", 256, {"train/loss": [(1, 9.0)]}, stage="train", dataset="openwebtext")
+    assert [r.value for r in figure_data([fineweb, skipped]).references] == [3.28, 0.311]
+
+
+@pytest.mark.parametrize("preset, overrides, dataset", [
+    ("gpt2-124m", {}, "fineweb"), ("gpt2-350m", {}, "fineweb"), ("gpt2-124m-owt", {}, "openwebtext"),
+    ("gpt2-124m-owt", {"data.source_format": "nanogpt-bin", "data.source": "gs://b/owt/"}, "openwebtext"),
+    ("gpt2-124m", {"data.name": "nanogpt_owt", "data.source_format": "nanogpt-bin", "data.source": "/data/owt"},
+     None),
+    ("smoke", {}, None),
+])
+def test_a_runs_dataset_is_read_from_its_logged_params(preset, overrides, dataset):
+    from gpt2.overrides import resolve_config
+    from gpt2.reference_lines import dataset_of
+    from gpt2.tracking import flatten
+
+    params = {k: str(v) for k, v in flatten(resolve_config(preset, overrides).model_dump(mode="json")).items()}
+    assert dataset_of(params) == dataset
 
 
 def test_a_run_without_a_panels_metric_is_skipped_on_that_panel_and_one_without_training_params_entirely():

@@ -66,8 +66,18 @@ def test_two_runs_are_drawn_the_third_is_named_as_skipped(store, tmp_path):
     assert [r["run_id"] for r in report["runs"]] == [store.a, store.b]
     assert {(s["run_id"], s["panel"]) for s in report["skipped"]} == {(store.c, "val_loss"), (store.c, "hellaswag")}
     assert all("val/loss" in s["reason"] or "hellaswag/acc_norm" in s["reason"] for s in report["skipped"])
-    assert {(r["panel"], r["value"]) for r in report["references"]} == {("val_loss", 3.28), ("hellaswag", 0.311)}
+    # Smoke's data (Python's docs) has no published loss: HellaSwag's line only (an OWT run's below).
+    assert {(r["panel"], r["value"]) for r in report["references"]} == {("hellaswag", 0.311)}
     assert all("GPT-2 124M" in r["label"] for r in report["references"])
+
+
+def test_an_openwebtext_run_is_drawn_against_nanogpts_figures(tmp_path):
+    owt = tiny_config(tmp_path, **{"data.name": "openwebtext"})  # its own store: the module's keeps its runs
+    owt_id = training_run(owt, {"val/loss": [(4, 9.25)]})
+    report = make_report(default_tracking_uri(owt), "gpt2", [owt_id], tmp_path / "owt.png")
+    assert [(r["value"], r["label"]) for r in report["references"] if r["panel"] == "val_loss"] == [
+        (2.85, "nanoGPT GPT-2 124M: ~2.85 (OpenWebText val; nanoGPT README)"),
+        (3.12, "OpenAI GPT-2 124M: 3.12 (OpenWebText val; nanoGPT README baselines)")]
 
 
 def test_runs_by_name_and_by_default_the_newest_training_runs(store):
