@@ -45,8 +45,14 @@ def _mfu_of(record: dict, preset: str) -> float | None:
     return None
 
 
+SAME_STEP = {"gpt2-124m-owt": "gpt2-124m"}
+"""Presets whose training step is another's (same model, batch and optimizer; only
+the data differs, which does not change the speed): that one's measurements hold."""
+
+
 def measured_mfu(gpu: Gpu, preset: str) -> tuple[float, str] | None:
     """(MFU, where it was measured) of the newest matching record, or None."""
+    preset = SAME_STEP.get(preset, preset)
     path = Path(os.environ.get(RESULTS_ENV) or RESULTS)
     found = []
     for record in _records(path):

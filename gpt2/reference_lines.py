@@ -41,6 +41,12 @@ LOSS_REFERENCES: dict[str, tuple[Reference, ...]] = {
     ),
 }
 
+TRAIN_TOKENS = {"openwebtext": 9_035_582_198}
+"""Train-split tokens published for a dataset: nanoGPT's prepare.py counts its
+OpenWebText train.bin; the same documents with one <|endoftext|> each (before
+rather than after) are the same count here. `gpt2 plan` assumes it for an epoch
+before the data stage has run (17,234 steps of 524,288 tokens)."""
+
 REFERENCES = (*LOSS_REFERENCES["fineweb"], HELLASWAG_GPT2)
 """What a FineWeb run is drawn against."""
 

@@ -72,8 +72,9 @@ def planned_steps(config: Config) -> tuple[int, str, str | None]:
     """For `gpt2 plan`, before anything runs: (steps, where they come from, a
     note). `set`: train.max_steps is a number; `manifest`: one epoch of the
     root's prepared train split; `assumed`: `epoch` before the data stage has
-    run, so ASSUMED_TRAIN_TOKENS (or data.max_tokens less the val split, when
-    that is smaller) stand in for the split."""
+    run, so ASSUMED_TRAIN_TOKENS, or the count published for the data
+    (gpt2.reference_lines.TRAIN_TOKENS: OpenWebText's), or data.max_tokens less
+    the val split when that is smaller, stand in for the split."""
     if config.train.max_steps != EPOCH:
         return int(config.train.max_steps), "set", None
     url = layout.manifest(config)
@@ -86,7 +87,10 @@ def planned_steps(config: Config) -> tuple[int, str, str | None]:
         why = "the data stage has not run for this config and root"
     except UserError as err:  # a damaged manifest: say so, and plan on the assumption
         why = str(err).split(";")[0]
-    tokens = ASSUMED_TRAIN_TOKENS
+    from gpt2.reference_lines import TRAIN_TOKENS, dataset_of
+
+    tokens = TRAIN_TOKENS.get(dataset_of({"data.name": config.data.name, "data.source": config.data.source}) or "",
+                              ASSUMED_TRAIN_TOKENS)
     if config.data.max_tokens is not None:
         tokens = min(tokens, max(config.data.max_tokens - config.data.val_tokens, 0))
     steps = max(1, epoch_steps(tokens, config.train.total_batch_tokens))

@@ -116,3 +116,17 @@ def test_a_ladder_prices_each_rung_for_the_whole_run_and_counts_the_waits_before
 
 def test_without_a_ladder_the_plan_has_no_ladder_key(smoke_config):
     assert "ladder" not in make_plan(smoke_config(), "H100", 1, 10.0)
+
+
+def test_an_openwebtext_reproduction_is_planned_on_its_tokens_and_gpt2_124ms_measured_speed(tmp_path):
+    """`gpt2 plan --preset gpt2-124m-owt` before the data stage: one epoch of
+    OpenWebText's published ~9.04B train tokens, timed at the MFU measured for
+    gpt2-124m (the same step; only the data differs)."""
+    from gpt2.overrides import resolve_config
+
+    owt, fineweb = (make_plan(resolve_config(p, root=str(tmp_path / p)), "H100", gpus=8)
+                    for p in ("gpt2-124m-owt", "gpt2-124m"))
+    assert owt["steps"] == 9_035_582_198 // 524_288 == 17_234 and owt["steps_from"] == "assumed"
+    assert "~9.04B train tokens" in owt["steps_note"]
+    assert (owt["assumed_mfu"], owt["mfu_from"]) == (fineweb["assumed_mfu"], fineweb["mfu_from"])
+    assert owt["hours"] == pytest.approx(fineweb["hours"] * 17_234 / 19_073, rel=0.01)
