@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -18,6 +19,8 @@ PresetOpt = typer.Option("smoke", "--preset", "-p", help=f"Named preset: {', '.j
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set train.max_steps=100 (repeatable).")
 RootOpt = typer.Option(None, "--root", help="Artifact root URL (file://…, gs://…, s3://…); default runtime.root.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout.")
+VerboseOpt = typer.Option(False, "--verbose", help="Show the traceback of a user error on stderr too (it always goes "
+                          "to the log file the error line names).")
 
 
 def load_config(preset: str, sets: Optional[list[str]], root: Optional[str]) -> Config:
@@ -218,8 +221,55 @@ def _read_only_answer(entrypoint: str, config: Config, why: str, kwargs: dict[st
     return result
 
 
+class _HideUserTraceback:
+    """A console handler's `format`, minus the traceback of a user error (the
+    message names the bad thing; a traceback is for bugs): the record keeps it
+    for every other handler (Prefect's API log, the log file)."""
+
+    def __init__(self, original, log_file: Path):
+        self.original, self.log_file, self.hidden = original, log_file, False
+
+    def __call__(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info
+        if not (exc and isinstance(exc[1], user_errors())):
+            return self.original(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info, record.exc_text = None, None
+        try:
+            self.hidden = True
+            return self.original(record) + f" (traceback in {self.log_file})"
+        finally:
+            record.exc_info, record.exc_text = saved
+
+
+_LOG_FILE: list[Path] = []  # where this command's full log goes, once run_flow has set it up
+
+
+def log_to_file(config: Config, verbose: bool) -> Path:
+    """Every log record of this command, tracebacks included, to
+    `<work dir>/logs/gpt2-<time>-<pid>.log`; unless `verbose`, user errors reach
+    the console as their message alone."""
+    import os
+    import time
+
+    directory = config.runtime.work_root / "logs"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"gpt2-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if not verbose:
+        for console in root.handlers:
+            if isinstance(console, logging.StreamHandler) and not isinstance(console, logging.FileHandler):
+                console.format = _HideUserTraceback(console.format, path)
+    _LOG_FILE[:] = [path]
+    return path
+
+
 def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Optional[str],
-             errors: tuple[type[Exception], ...] | None = None, **kwargs: Any) -> tuple[Config, dict[str, Any]]:
+             errors: tuple[type[Exception], ...] | None = None, verbose: bool = False,
+             **kwargs: Any) -> tuple[Config, dict[str, Any]]:
     """Resolve the config (exit 2 listing every problem), then run the flow at
     `module:function` in this process; an error of `errors` (default: the user
     errors) exits 1 with its message. The root travels as the
@@ -238,6 +288,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     temporary_server_database(config)
     module, name = entrypoint.split(":")
     flow_fn = getattr(importlib.import_module(module), name)
+    log_to_file(config, verbose)  # after the import: Prefect has set up its console handler by then
     overrides, _ = parse_assignments(sets or [])
     overrides["runtime.root"] = config.runtime.root
     from prefect.exceptions import TerminationSignal

@@ -19,7 +19,8 @@ from typing import Optional
 
 import typer
 
-from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config, run_flow, setup_logging
+from cli.common import (JsonOpt, PresetOpt, RootOpt, SetOpt, VerboseOpt, emit, fail, load_config, run_flow,
+                        setup_logging)
 from flows.summary import describe_bill, where_things_are
 
 FreshOpt = typer.Option(False, "--fresh", help="Delete this run's checkpoints and start over (default: resume).")
@@ -35,10 +36,11 @@ def prepare(
     sets: Optional[list[str]] = SetOpt,
     root: Optional[str] = RootOpt,
     as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Tokenize the corpus into llm.c shards under the artifact root (cached: a
     rerun skips finished work, a killed run continues where it stopped)."""
-    _, result = run_flow("flows.data:data_flow", preset, sets, root)
+    _, result = run_flow("flows.data:data_flow", preset, sets, root, verbose=verbose)
     emit(
         result,
         as_json,
@@ -62,6 +64,7 @@ def train(
     root: Optional[str] = RootOpt,
     fresh: bool = FreshOpt,
     as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Train GPT-2 on the prepared shards; rerun the same command to resume."""
     config = load_config(preset, sets, root)
@@ -77,7 +80,7 @@ def train(
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
              + _prepare_hint(preset, sets, root))
     _check_device(config)
-    _, result = run_flow("flows.train:train_flow", preset, sets, root, fresh=fresh)
+    _, result = run_flow("flows.train:train_flow", preset, sets, root, verbose=verbose, fresh=fresh)
     val = result["final_val_loss"]
     summary = f"{'cached' if result.get('cached') else 'trained'}: {result['run_name']} at step {result['steps']}"
     if val is not None:
@@ -104,10 +107,11 @@ def evaluate(
     root: Optional[str] = RootOpt,
     checkpoint: str = CheckpointOpt,
     as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
 ) -> None:
     """HellaSwag of a checkpoint with lm-eval, checked against the native scorer (cached)."""
     _check_device(load_config(preset, sets, root))
-    _, result = run_flow("flows.evaluate:eval_flow", preset, sets, root, checkpoint=checkpoint)
+    _, result = run_flow("flows.evaluate:eval_flow", preset, sets, root, verbose=verbose, checkpoint=checkpoint)
     out = {k: result.get(k) for k in EVAL_KEYS}
     h = out["hellaswag"]
     emit(
@@ -126,9 +130,10 @@ def export(
     root: Optional[str] = RootOpt,
     checkpoint: str = CheckpointOpt,
     as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Export a checkpoint as a Hugging Face directory and llm.c files; register the HF model in MLflow (cached)."""
-    _, result = run_flow("flows.export:export_flow", preset, sets, root, checkpoint=checkpoint)
+    _, result = run_flow("flows.export:export_flow", preset, sets, root, verbose=verbose, checkpoint=checkpoint)
     emit(
         result,
         as_json,
@@ -143,6 +148,7 @@ def run(
     sets: Optional[list[str]] = SetOpt,
     root: Optional[str] = RootOpt,
     as_json: bool = JsonOpt,
+    verbose: bool = VerboseOpt,
 ) -> None:
     """Prepare, train, evaluate and export: every stage cached, so a rerun
     (or a rerun after a crash) only does what is missing."""
@@ -153,7 +159,8 @@ def run(
         fail(IN_PROCESS)
     _check_device(config)
     # Any stage's error ends the pipeline; the flow already logged its traceback.
-    config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, errors=(Exception,))
+    config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, verbose=verbose,
+                              errors=(Exception,))
     guide = where_things_are(config, result)
     if as_json:
         typer.echo(guide, err=True)
