@@ -5,6 +5,7 @@ gpt2/full-pipeline` says what it did too."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from gpt2.config import Config
@@ -56,7 +57,8 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
     cached = ", ".join(result["cached_stages"]) or "none"
     uri = redact(default_tracking_uri(config))
     link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking.ui_link)
-    ui = f"mlflow ui --backend-store-uri {uri}  # then open {link}" if uri.startswith("sqlite:") else link
+    # Shell-quoted: a root with a space (or any shell character) pastes as one argument.
+    ui = f"mlflow ui --backend-store-uri {shlex.quote(uri)}  # then open {link}" if uri.startswith("sqlite:") else link
     lines = [
         f"pipeline finished (cached stages: {cached})",
         f"  final val loss:   {_figure(result['final_val_loss'])}",

@@ -174,6 +174,26 @@ def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdo
     assert lines[-1].startswith("error: ") and str(missing) in lines[-1], proc.stderr[-3000:]
     # The temporary server's run history is in the work dir, not in Prefect's home.
     assert (tmp_path / "work" / "prefect.db").exists() and not (tmp_path / "prefect-home" / "prefect.db").exists()
+    # A user error: its message, no traceback on the console; the traceback is in the log file it names (#46).
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (log,) = (tmp_path / "work" / "logs").glob("gpt2-*.log")
+    assert f"(traceback in {log})" in proc.stderr and "Traceback" in log.read_text()
+
+
+def test_the_mlflow_ui_command_pastes_as_is_from_a_root_with_a_space(tmp_path):
+    import shlex
+
+    from cli.stages import where_things_are
+    from gpt2.overrides import resolve_config
+
+    root = tmp_path / "with space" / "root"
+    config = resolve_config("smoke", {"runtime.work_dir": str(tmp_path / "work")}, root=str(root))
+    result = {"cached_stages": [], "mlflow_url": "http://x", "final_val_loss": None, "checkpoint": "c",
+              "hellaswag": {}, "hf_dir": "h", "llmc_bin": "l", "mlflow_run_id": "r", "registered_model": "m",
+              "model_version": 1, "bill": None}
+    line = next(line for line in where_things_are(config, result).splitlines() if "mlflow ui" in line)
+    command = shlex.split(line.split("MLflow UI:", 1)[1], comments=True)
+    assert command[:2] == ["mlflow", "ui"] and command[3] == f"sqlite:///{root / 'mlflow.db'}", command
 
 
 @pytest.mark.parametrize("command", [["prepare"], ["train"]])  # every flow's command, and train's own check
