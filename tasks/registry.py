@@ -79,7 +79,7 @@ def register_hf_model(tracker: Tracker, hf_dir: str | Path, name: str, alias: st
         version = _log_and_register(tracker, hf_dir, name, {EXPORT_TAG: export_id})
     else:
         log.info("%s version %s already holds export %s; reusing it", name, version, export_id)
-    client.update_model_version(name, str(version), description=model_card_text(hf_dir, front_matter=False))
+    client.update_model_version(name, str(version), description=model_card_text(hf_dir, name, front_matter=False))
     if alias:
         client.set_registered_model_alias(name, alias, version)
     return version
@@ -115,7 +115,7 @@ def _log_and_register(tracker: Tracker, hf_dir: str | Path, name: str, tags: dic
             info = mlflow.transformers.log_model(
                 {"model": model, "tokenizer": tokenizer}, name="hf", task="text-generation",
                 registered_model_name=name, pip_requirements=PIP_REQUIREMENTS, tags=tags,
-                model_card=_model_card(hf_dir), signature=signature(n_positions),
+                model_card=_model_card(hf_dir, name), signature=signature(n_positions),
                 input_example=(EXAMPLE_PROMPTS, {"max_new_tokens": 8}), model_config=inference_config(n_positions),
             )
     finally:
@@ -125,18 +125,24 @@ def _log_and_register(tracker: Tracker, hf_dir: str | Path, name: str, tags: dic
     return int(info.registered_model_version)
 
 
-def _model_card(hf_dir: str | Path):
+def _model_card(hf_dir: str | Path, name: str):
     """The model card MLflow stores beside the model: the export's. Without
     one MLflow asks the Hugging Face hub for the card of the model's name,
     here a local directory the hub never has, and warns on every export."""
     from huggingface_hub import ModelCard
 
-    return ModelCard(model_card_text(hf_dir))
+    return ModelCard(model_card_text(hf_dir, name))
 
 
-def model_card_text(hf_dir: str | Path, front_matter: bool = True) -> str:
-    """The export's README.md; without its metadata block for a description."""
-    text = (Path(hf_dir) / "README.md").read_text(encoding="utf-8")
+def model_card_text(hf_dir: str | Path, name: str, front_matter: bool = True) -> str:
+    """The export's README.md (a bare card for a directory without one);
+    without its metadata block for a version's description."""
+    readme = Path(hf_dir) / "README.md"
+    if readme.is_file():
+        text = readme.read_text(encoding="utf-8")
+    else:
+        text = (f"---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n# {name}\n\n"
+                "GPT-2 trained from scratch by gpt2-pipeline.\n")
     if not front_matter and text.startswith("---\n"):
         text = text.split("\n---\n", 1)[1]
     return text.strip() + "\n"

@@ -56,7 +56,8 @@ def code_version() -> str:
 
 
 def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=10)
+    return done.stdout.strip()
 
 
 def reproduce_command(config: Config) -> str:

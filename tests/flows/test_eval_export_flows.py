@@ -101,7 +101,7 @@ def n_tokens(text: str) -> int:
     return len(get_encoding("gpt2").encode(text, allowed_special="all"))
 
 
-def test_the_registered_model_answers_with_and_without_params(stage, monkeypatch):
+def test_the_registered_model_answers_with_and_without_params_loaded_and_scored(stage, monkeypatch):
     config, args = stage
     result = export_flow(**args)
     model = registered_model(config, monkeypatch)
@@ -124,15 +124,11 @@ def test_the_registered_model_answers_with_and_without_params(stage, monkeypatch
     assert description.startswith("# gpt2-smoke\n") and "2 layers, 2 heads, 64 channels" in description
     assert "**HellaSwag**: not evaluated yet" in description and "gpt2 run --preset smoke" in description
 
-
-def test_mlflows_scoring_server_answers_json_with_and_without_params(stage, monkeypatch):
-    """MLflow's own scoring app (what `mlflow models serve` runs), in process."""
+    # MLflow's own scoring app (what `mlflow models serve` runs; its process in the end-to-end tier), in process.
     from fastapi.testclient import TestClient
     from mlflow.pyfunc import scoring_server
 
-    config, args = stage
-    export_flow(**args)
-    app = TestClient(scoring_server.init(registered_model(config, monkeypatch)))
+    app = TestClient(scoring_server.init(model))
     for body in ({"inputs": ["def"]}, {"inputs": ["def"], "params": {"max_new_tokens": 2, "temperature": 0.7}}):
         response = app.post("/invocations", json=body)
         assert response.status_code == 200, response.text

@@ -30,7 +30,8 @@ LLAMA_CPP_GPT2_KEYS = ("architectures", "n_ctx", "n_embd", "n_head", "n_layer", 
 
 
 def hf_dir(tmp_path, block_size: int, **model):
-    cfg = ModelConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 50304, **model, "block_size": block_size})
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, **model}
+    cfg = ModelConfig(**shape, vocab_size=50304, block_size=block_size)
     torch.manual_seed(0)
     return write_hf_dir(GPT(cfg).state_dict(), cfg, tmp_path / "hf")
 
@@ -95,10 +96,12 @@ def test_the_export_carries_a_model_card_that_follows_the_evaluation(smoke_confi
     storage.write_record(result_url(ref, config.runtime.root), eval_result(ref, sample, False, "builtin:format-sample"))
     assert not writer.export_complete(writer.export_dir_url(ref, config.runtime.root), ref, config.runtime.root)
     card = read_card(writer.export_checkpoint(ref, config.runtime.root))
-    assert "acc_norm 0.3125, acc 0.2500 on 32 items of `builtin:format-sample`: the built-in format sample, NOT the benchmark" in card
+    assert ("acc_norm 0.3125, acc 0.2500 on 32 items of `builtin:format-sample`: the built-in format sample, "
+            "NOT the benchmark") in card
 
     bench = {"acc": 0.2891, "acc_norm": 0.2945, "n": 10042}
-    storage.write_record(result_url(ref, config.runtime.root), eval_result(ref, bench, True, "hf://datasets/Rowan/hellaswag"))
+    hub = eval_result(ref, bench, True, "hf://datasets/Rowan/hellaswag")
+    storage.write_record(result_url(ref, config.runtime.root), hub)
     card = read_card(writer.export_checkpoint(ref, config.runtime.root))
     assert "acc_norm 0.2945, acc 0.2891 on 10,042 items of the HellaSwag validation set" in card
     assert "NOT the benchmark" not in card

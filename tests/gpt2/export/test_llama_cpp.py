@@ -44,7 +44,8 @@ def _extract_converter(cache: Path, tree: Path) -> None:
                           "--no-binary", ":all:", "-d", str(cache)], capture_output=True, text=True)
     sdist = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
     if got.returncode != 0 or not sdist.is_file():
-        pytest.skip(f"llama.cpp's converter is not here (set LLAMA_CPP_DIR) and pip could not fetch it: {got.stderr[-300:]}")
+        pytest.skip("llama.cpp's converter is not here (set LLAMA_CPP_DIR) and pip could not fetch it: "
+                    f"{got.stderr[-300:]}")
     prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(tuple(prefix + p for p in CONVERTER_PARTS))]
@@ -83,4 +84,5 @@ def test_llama_cpps_converter_turns_the_export_into_a_gguf_of_our_weights(tmp_pa
     np.testing.assert_array_equal(tensors["token_embd.weight"], hf["transformer.wte.weight"].numpy())
     np.testing.assert_array_equal(tensors["position_embd.weight"], hf["transformer.wpe.weight"].numpy())
     # HF keeps c_attn as Conv1D (in, out); llama.cpp stores it as (out, in), the transpose.
-    np.testing.assert_array_equal(tensors["blk.1.attn_qkv.weight"], hf["transformer.h.1.attn.c_attn.weight"].t().numpy())
+    qkv = hf["transformer.h.1.attn.c_attn.weight"]
+    np.testing.assert_array_equal(tensors["blk.1.attn_qkv.weight"], qkv.t().numpy())
