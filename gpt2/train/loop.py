@@ -211,7 +211,8 @@ class Loop:
             return self._roll_back(verdict, done), agreed
         if spike:
             self._tell(self.spikes.event(verdict))
-        dropped = spike and self.spikes.skips_updates  # a non-finite step's update too: the weights are intact
+        # The update was dropped (a non-finite step's too, so the weights are intact): no divergence.
+        dropped = keep is not None and verdict is not None and verdict.spike
         if not math.isfinite(loss) and not dropped:
             raise self.failures.agree(TrainingError(
                 f"loss is {loss} at step {done} of {cfg.max_steps}: training diverged; the last good checkpoint "
