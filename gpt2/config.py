@@ -14,18 +14,14 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gpt2.config_base import Section as _Section
+# The data and train sections live in modules of their own; they are part of this tree.
+from gpt2.config_data import DataConfig
+from gpt2.config_train import TrainConfig
 
 ROOT_ENV = "GPT2_ROOT"
-
-SPIKE_ZSCORE = 6.0
-"""train.spike_zscore's default: above every step of the clean runs measured (README, "Loss spikes")."""
-
-
-class _Section(BaseModel):
-    # Frozen so a config can be hashed and passed between stages safely;
-    # extra="forbid" so a typo in an override is an error, not a silent no-op.
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class ModelConfig(_Section):
@@ -45,138 +41,6 @@ class ModelConfig(_Section):
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         return self
-
-
-class DataConfig(_Section):
-    name: str = Field("fineweb_edu_10B", pattern=r"^[A-Za-z0-9_.-]+$")
-    """Readable name of the dataset; prefixes shard names and the data directory."""
-    source: str = "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT/*.parquet"
-    """Where documents come from: an fsspec URL or glob of .jsonl/.json/.parquet/.txt
-    files (file://, gs://, s3://, hf://datasets/...), or `builtin:python-docs`, the
-    offline sample of English prose shipped with Python."""
-    text_field: str = "text"
-    """Column or JSON key holding each document's text (ignored for .txt files)."""
-    max_documents: int | None = Field(None, ge=1)
-    """Stop after this many documents (trial runs); None reads everything."""
-    max_tokens: int | None = Field(None, ge=1)
-    """Stop once this many tokens are written (trial runs); None reads everything."""
-    max_document_chars: int = Field(1_000_000, ge=1)
-    """Documents longer than this many characters are truncated to it (and counted in
-    the tokenize step's log): bounds one document's tokenizer time and memory."""
-    shard_size: int = Field(100_000_000, ge=1024, le=2**31 - 1)
-    """Tokens per shard file (llm.c uses 1e8)."""
-    val_tokens: int = Field(100_000_000, ge=1)
-    """Size of the fixed validation slice, taken first from the token stream."""
-    tokenizer: Literal["gpt2"] = "gpt2"
-    """Tokenizer encoding (tiktoken name)."""
-    source_format: Literal["auto", "nanogpt-bin"] = "auto"
-    """How data.source is read. `auto`: text documents, the format from the file names
-    (.jsonl/.json/.parquet/.txt), tokenized here. `nanogpt-bin`: nanoGPT's token files
-    (a folder or glob holding `train.bin` and `val.bin`: raw uint16 GPT-2 ids, no header),
-    turned into shards as they are, never retokenized; the split is the files' (val.bin is
-    the validation split), so data.val_tokens and data.val_split do not apply."""
-    val_split: Literal["head", "nanogpt"] = "head"
-    """Which documents are the validation split. `head`: the first data.val_tokens tokens
-    of the stream (llm.c's fixed slice). `nanogpt`: the documents nanoGPT's OpenWebText
-    prepare.py holds out, `datasets`' train_test_split(test_size=0.0005, seed=2357,
-    shuffle=True) over the source's documents in order, val in that split's order, train
-    in the source's (gpt2.data.doc_split)."""
-    shuffle: bool = False
-    """Train on the shards in a seeded order (train.seed) instead of llm.c's fixed one:
-    each epoch a permutation of the train shards and of the sequences within each
-    shard (gpt2.data.order). Part of the run's identity, not of the data's: the same
-    shards serve both orders. Off: the reference order, and today's runs unchanged."""
-
-
-    @model_validator(mode="after")
-    def _token_files_are_used_whole(self) -> "DataConfig":
-        if self.source_format == "nanogpt-bin":
-            limits = [k for k in ("max_documents", "max_tokens") if getattr(self, k) is not None]
-            if limits:
-                keys = f"data.{' and data.'.join(limits)} {'do' if len(limits) > 1 else 'does'}"
-                raise ValueError(f"{keys} not apply to data.source_format=nanogpt-bin: its files are used whole; "
-                                 "to train on fewer tokens set train.max_steps")
-            if self.source.startswith("builtin:"):
-                raise ValueError(f"data.source {self.source!r} is text, not nanoGPT's token files: give the folder "
-                                 "or glob holding train.bin and val.bin, or data.source_format=auto")
-        return self
-
-
-class TrainConfig(_Section):
-    seed: int = 1337
-    """Seed for the weight init and the text samples (batches follow the shards'
-    fixed order, as in llm.c, so a resumed run sees exactly the same data)."""
-    total_batch_tokens: int = Field(524_288, ge=1)
-    """Tokens per optimizer step across all devices (gradient accumulation fills it)."""
-    micro_batch_size: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
-    """Sequences per device per forward pass, or `auto` to find the largest that fits."""
-    max_steps: Annotated[int, Field(ge=1)] | Literal["epoch"] = 19_073
-    """Optimizer steps (19,073 × 524,288 ≈ 10B tokens), or `epoch`: one pass over the
-    prepared train split (its tokens // total_batch_tokens), read from the split's
-    manifest once the data stage has run."""
-    lr: float = Field(6e-4, gt=0)
-    """Peak learning rate."""
-    min_lr_ratio: float = Field(0.0, ge=0, le=1)
-    """Final learning rate as a fraction of the peak."""
-    warmup_steps: int = Field(700, ge=0)
-    """Linear warmup steps."""
-    decay: Literal["cosine", "linear"] = "cosine"
-    """Shape of the decay after warmup."""
-    weight_decay: float = Field(0.1, ge=0)
-    """Weight decay (AdamW's, and Muon's for its matrices), applied to 2-D weights only."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas."""
-    optimizer: Literal["adamw", "muon"] = "adamw"
-    """`adamw`: llm.c's recipe. `muon`: torch.optim.Muon (torch >= 2.9) for the blocks'
-    weight matrices, AdamW for the embeddings, LayerNorms and biases (gpt2.train.muon)."""
-    muon_lr: float | None = Field(None, gt=0)
-    """Muon's peak learning rate, scaled to AdamW's update RMS (None: train.lr); it follows
-    the same warmup and decay. Used with train.optimizer=muon only."""
-    muon_momentum: float = Field(0.95, ge=0, lt=1)
-    """Muon's momentum (Nesterov). Used with train.optimizer=muon only."""
-    grad_clip: float = Field(1.0, ge=0)
-    """Clip the global gradient norm to this (0 disables)."""
-    eval_every: int = Field(250, ge=1)
-    """Measure validation loss every N steps (and at the end)."""
-    val_steps: int = Field(20, ge=1)
-    """Validation size in global batches: each evaluation reads the first
-    val_steps × total_batch_tokens tokens of the val split (as llm.c does), so the
-    number is the same for any device count or micro-batch."""
-    sample_every: int = Field(1000, ge=1)
-    """Write text samples every N steps."""
-    checkpoint_every: int = Field(500, ge=1)
-    """Write a checkpoint every N steps (and at the end)."""
-    keep_checkpoints: int = Field(3, ge=1)
-    """How many of the latest checkpoints to keep."""
-    spike_zscore: float = Field(SPIKE_ZSCORE, ge=0)
-    """A step whose loss or gradient norm lies more than this many robust standard
-    deviations (median and MAD) above the last train.spike_window steps' is a loss
-    spike, and so is one whose loss or norm is not finite (gpt2.train.spikes);
-    0 turns detection off."""
-    on_spike: Literal["warn", "skip", "rollback"] = "warn"
-    """What a spike does: `warn` logs it (MLflow, the attempt record) and trains on,
-    exactly as without detection; `skip` drops that step's update (the optimizer is
-    not stepped; the data moves on); `rollback` goes back to the newest checkpoint
-    before the spike, steps the data past every batch trained since, and continues
-    (gpt2.train.rollback)."""
-    max_rollbacks: int = Field(3, ge=0)
-    """With on_spike=rollback: the run fails at the spike after this many rollbacks,
-    naming each rollback's steps and data positions, instead of paying for a run
-    that keeps diverging."""
-    spike_window: int = Field(128, ge=8)
-    """Steps of history the spike z-score is measured against (llm.c's 128); nothing
-    is judged before the run has trained this many."""
-    preflight: bool = True
-    """Run `gpt2 preflight` on the training machine before the training flow
-    trains (a failed check fails the flow in minutes, not retried or rescheduled);
-    a runtime setting: it never changes the run's address."""
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= b < 1 for b in v):
-            raise ValueError(f"betas must lie in [0, 1), got {v}")
-        return v
 
 
 class EvalConfig(_Section):

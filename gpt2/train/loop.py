@@ -24,27 +24,27 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 
 import torch
 
-from gpt2 import layout, storage
-from gpt2.checkpoint import catalog, store
+from gpt2 import layout
 from gpt2.checkpoint.lease import LeaseLost
 from gpt2.checkpoint.staging import staging_dir
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.distributed import any_rank
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
-from gpt2.train import memory, rollback
+from gpt2.train import memory, spike_actions
+from gpt2.train.checkpoint_state import checkpoint_state
 from gpt2.train.failure_board import FailureBoard
 from gpt2.train.hellaswag_in_loop import InLoopHellaSwag
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.rank_failures import RankFailures
 from gpt2.train.report import log_loss_curve, log_samples
-from gpt2.train.session import Session, TrainingError, restore, rng_state, shared_checkpoint
-from gpt2.train.spikes import Spikes, Verdict
+from gpt2.train.restore import rng_state
+from gpt2.train.session import Session, TrainingError
+from gpt2.train.spikes import Spikes
 from gpt2.train.step import evaluate, train_step_with_flags, unwrapped
 from gpt2.train.throughput import Throughput, mfu, now, peak_flops, synchronize
 
@@ -61,8 +61,7 @@ class Outcome:
     tokens_per_second: float
     mlflow_run_id: str | None
     preempted: bool = False
-    spikes: dict | None = None
-    """Loss spikes of the run (gpt2.train.spikes.Spikes.counts)."""
+    spikes: dict | None = None  # loss spikes by action (gpt2.train.spikes.Spikes.counts)
 
 
 def _every(done: int, interval: int, last: int) -> bool:
@@ -79,7 +78,7 @@ class Loop:
         state = session.resumed_state
         self.history = state.get("history", {"train": [], "val": []})
         self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
-        self.spikes = self._spikes(state)
+        self.spikes = Spikes.of_run(self.cfg.train, state)
         # Every rank writes its share of each checkpoint; rank 0 commits it and reports its timings.
         self.writer = CheckpointWriter(self.run_dir, self.cfg.train.keep_checkpoints, session.resumed_url,
                                        fence=session.lease.check if session.lease else None,
@@ -128,17 +127,13 @@ class Loop:
                        self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted,
                        self.spikes.counts())
 
-    def _spikes(self, state: dict) -> Spikes:
-        cfg = self.cfg.train
-        return Spikes(cfg.spike_zscore, cfg.spike_window, cfg.on_spike, state.get("spikes"))
-
     def _train(self) -> bool:
         """The steps, until the last or an agreed stop (True: preempted)."""
         if self.spikes.rolls_back and self.s.resumed_url is None:
             self._save(0)  # a spike before the first checkpoint goes back to the start
-        step = self.s.start_step
-        while step < self.cfg.train.max_steps:
-            done, agreed = self._step(step)
+        done = self.s.start_step
+        while done < self.cfg.train.max_steps:
+            done, agreed = self._step(done)  # after a rollback, the checkpoint's step
             self.board.check(done)  # NCCL: a peer's failure aborted the step's collectives
             # One process reads its flags now; several act on what the step's all-reduce carried.
             stop, lost, failed = agreed if self.s.env.is_distributed else self._flags()
@@ -151,7 +146,6 @@ class Loop:
                 if self.saved_step != done:
                     self._save(done)
                 return True
-            step = done  # a rollback's: the checkpoint's step
         if any_rank(self.failures.failure is not None, self.s.env):  # after the last step's flags
             self.failures.raise_agreed(self._steps_done())
         return False
@@ -208,9 +202,9 @@ class Loop:
         verdict = self.spikes.last if keep is not None else self.spikes.judge(done, loss, norm)
         spike = verdict is not None and verdict.spike and not lost  # a lost lease: stopping without writing
         if spike and self.spikes.rolls_back:
-            return self._roll_back(verdict, done), agreed
+            return spike_actions.roll_back(self, verdict, done), agreed
         if spike:
-            self._tell(self.spikes.event(verdict))
+            spike_actions.tell(self, self.spikes.event(verdict))
         # The update was dropped (a non-finite step's too, so the weights are intact): no divergence.
         dropped = keep is not None and verdict is not None and verdict.spike
         if not math.isfinite(loss) and not dropped:
@@ -234,62 +228,6 @@ class Loop:
         if not lost and _every(done, cfg.checkpoint_every, cfg.max_steps):
             self._save(done)
         return done, agreed
-
-    def _tell(self, event: dict) -> None:
-        """A spike event in the log, MLflow (at its step) and the attempt record (rank 0)."""
-        log.warning("loss spike at step %s: loss %.4g (z %.1f), grad norm %.4g (z %.1f): %s", event["step"],
-                    *(float(event[k]) for k in ("loss", "loss_z", "grad_norm", "grad_norm_z")), {
-                        "warned": "training on (train.on_spike=warn)", "skipped": "update dropped",
-                        "rollback": f"rolled back to step {event.get('to_step')}"}[event["action"]])
-        if not self.s.env.is_main:
-            return
-        metrics = {f"spikes/{event['action']}": float(event.get("to_step", 1))}
-        metrics.update({f"spikes/{k}": event[k] for k in ("loss_z", "grad_norm_z") if isinstance(event[k], float)})
-        self.tracker.log_metrics(metrics, step=event["step"])
-        if self.attempt is not None:
-            self.attempt.spike(event)
-
-    def _roll_back(self, verdict: Verdict, done: int) -> int:
-        """Back to the newest checkpoint before step `done`, the data past every
-        batch trained since (gpt2.train.rollback); returns that checkpoint's step.
-        Past train.max_rollbacks the run fails instead."""
-        limit = self.cfg.train.max_rollbacks
-        if self.spikes.rollbacks() >= limit:
-            raise self.failures.agree(TrainingError(rollback.too_many(verdict.describe(), self.spikes.events, limit)))
-        self._last_checkpoint()  # the save in flight may be the one to go back to
-        ckpt, error, record = None, None, None
-        if self.s.env.is_main:
-            try:
-                ckpt, record = self._record_rollback(verdict, done)
-            except Exception as err:  # noqa: BLE001 - every rank must hear of it (shared_checkpoint)
-                error = err
-        ckpt = shared_checkpoint(ckpt, error, self.s.env)
-        restore(self.s, ckpt)
-        state = ckpt.state
-        self.history = state.get("history", {"train": [], "val": []})
-        self.train_loss, self.val_loss = state.get("train_loss"), state.get("val_loss")
-        self.spikes, self.saved_step = self._spikes(state), ckpt.step
-        if record is not None:
-            self._tell(rollback.rollback_event(record))
-        return ckpt.step
-
-    def _record_rollback(self, verdict: Verdict, done: int) -> tuple[store.Checkpoint, dict]:
-        """Rank 0: read the checkpoint to go back to, and write the rollback's
-        record beside it before anything else (fenced by the lease)."""
-        url = rollback.newest_before(catalog.complete_checkpoints(self.run_dir), done)
-        if url is None:
-            raise TrainingError(f"loss spike at {verdict.describe()}: no checkpoint before it to roll back to")
-        ckpt = store.load_checkpoint(url, optimizer=False)
-        if self.attempt is not None:  # billed first: a kill from here on has thrown those steps away
-            self.attempt.rolled_back(done - ckpt.step, ckpt.step)
-        number = self.spikes.rollbacks() + 1
-        record = {"rollback": number, "at_step": done, "to_step": ckpt.step,
-                  "data_from": rollback.folded(ckpt.state, rollback.read_records(url))["loader"],
-                  "data_to": self.s.loader.state_dict(), "verdict": verdict.to_dict()}
-        if self.s.lease is not None:
-            self.s.lease.check()
-        storage.write_record(rollback.record_url(url, number), record)
-        return ckpt, record
 
     def _validate(self, done: int) -> float | None:
         if not _every(done, self.cfg.train.eval_every, self.cfg.train.max_steps):
@@ -353,31 +291,10 @@ class Loop:
             self.failures.raise_agreed(done)
         url = layout.checkpoint_dir(self.run_dir, done)
         held = self.writer.submit(url, self.s.raw_model, self.s.optimizer,
-                                  self._state(done) if self.s.env.is_main else {"step": done},
+                                  checkpoint_state(self, done) if self.s.env.is_main else {"step": done},
                                   rng_state(self.s.env.device))
         log.debug("checkpoint %s snapshot took %.3fs; writing in the background", url, held)
         # Send the metrics up to this step now: a run killed later resumes from
         # here, and its MLflow curve then has no hole before the checkpoint.
         # Bounded, and skipped while MLflow is down (the outbox keeps them).
         self.tracker.flush(timeout=10, give_up_on_outage=True)
-
-    def _state(self, done: int) -> dict:
-        return {
-            "step": done,
-            "config": self.cfg.model_dump(mode="json"),
-            "train_fingerprint": train_fingerprint(self.cfg),
-            "run_name": self.run_name,
-            "loader": self.s.loader.state_dict(),
-            "mlflow_run_id": self.tracker.run_id,
-            "train_loss": self.train_loss,
-            "val_loss": self.val_loss,
-            "val_loss_step": self.history["val"][-1][0] if self.history["val"] else None,
-            "tokens_seen": done * self.cfg.train.total_batch_tokens,
-            "tokens_per_second": self.throughput.tokens_per_second or self.saved_tps,
-            "micro_batch_size": self.s.micro_batch,
-            "world_size": self.s.env.world_size,
-            "saved_at": datetime.now(timezone.utc).isoformat(),
-            # Copied: the writer thread serializes this while the loop appends.
-            "history": {k: [list(p) for p in v] for k, v in self.history.items()},
-            "spikes": self.spikes.state_dict(),
-        }

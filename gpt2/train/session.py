@@ -23,11 +23,12 @@ from gpt2.config import Config
 from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
 from gpt2.data.shard_source import ShardSource
-from gpt2.distributed import DistEnv, amp_dtype, barrier, broadcast_bytes, control_group
+from gpt2.distributed import DistEnv, amp_dtype, barrier, control_group
 from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
-from gpt2.train import memory, rollback
+from gpt2.train import memory
+from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.startup import StartupParts
@@ -102,46 +103,6 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
     return ckpt
 
 
-def shared_checkpoint(ckpt: store.Checkpoint | None, error: Exception | None,
-                      env: DistEnv) -> store.Checkpoint | None:
-    """Rank 0's checkpoint (read and verified there) on every rank, its state
-    folded with the rollbacks recorded beside it (gpt2.train.rollback); rank
-    0's error raised on every rank. A collective."""
-    records = []
-    if env.is_main and ckpt is not None and error is None:
-        try:
-            records = rollback.read_records(ckpt.url)
-        except Exception as err:  # noqa: BLE001 - every rank must hear of it
-            error = store.CheckpointError(f"the rollback records of {ckpt.url} cannot be read: {err}")
-    if env.is_distributed:
-        # The file names too: a checkpoint written on several ranks has one optimizer share per rank.
-        box = [ckpt.url if ckpt else None, str(error) if error else None, sorted(ckpt.files) if ckpt else None,
-               ckpt.entries if ckpt else None, records]
-        dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's read: long timeout
-        if box[1] and error is None:
-            error = store.CheckpointError(box[1])
-        if box[0] and not box[1]:
-            files = {name: broadcast_bytes(ckpt.files[name] if env.is_main else None, env) for name in box[2]}
-            if not env.is_main:
-                ckpt = store.decode_checkpoint(box[0], files, box[3])
-        records = box[4]
-    if error is not None:
-        raise error
-    if ckpt is not None:
-        ckpt.files = None  # decoded and sent: no second copy in memory
-        ckpt.state = rollback.folded(ckpt.state, records)
-    return ckpt
-
-
-def restore(session: Session, ckpt: store.Checkpoint) -> None:
-    """Put a checkpoint (from `shared_checkpoint`) back into a running session:
-    weights, optimizer state, RNG and data position, on every rank."""
-    store.load_weights(session.raw_model, ckpt.model)
-    load_state(session.optimizer, rank_state(ckpt.url, ckpt.entries, session.optimizer, session.env))
-    restore_rng(ckpt.rng, session.env.device)
-    session.loader.load_state_dict(ckpt.state["loader"])
-
-
 def _from_earlier_release(config: Config) -> store.Checkpoint | None:
     """A run started before 0.2 lives under its old name (which counted the
     micro-batch and the intervals): resume it from there; new checkpoints go
@@ -170,24 +131,12 @@ def _log_siblings(config: Config) -> None:
         except (TypeError, KeyError, ValueError):
             continue
         if model_data_fingerprint(other) == mine:
-            changed = sorted(k for k, v in config.train.model_dump().items() if other.train.model_dump()[k] != v)
+            changed = [f"train.{k}" for k, v in sorted(config.train.model_dump().items())
+                       if other.train.model_dump()[k] != v]
+            changed += ["data.shuffle"] if other.data.shuffle != config.data.shuffle else []  # the read order
             log.warning("starting %s at step 0; run %s has the same model and data (step %s) and differs in "
-                        "train.%s: to continue that run, use its settings", layout.run_name(config), name,
-                        state.get("step"), ", train.".join(changed) or "(nothing: copied by hand?)")
-
-
-def restore_rng(rng: dict, device: torch.device) -> None:
-    if "cpu" in rng:
-        torch.set_rng_state(rng["cpu"])
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"], device)
-
-
-def rng_state(device: torch.device) -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+                        "%s: to continue that run, use its settings", layout.run_name(config), name,
+                        state.get("step"), ", ".join(changed) or "(nothing: copied by hand?)")
 
 
 def choose_micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> tuple[int, MemorySettings]:

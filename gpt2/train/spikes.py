@@ -113,6 +113,11 @@ class Spikes:
         self.events: list[dict] = list(state.get("events", []))
         self.last: Verdict | None = None
 
+    @classmethod
+    def of_run(cls, train, state: dict) -> Spikes:
+        """The run's, from its config's train section and a checkpoint's state (or {})."""
+        return cls(train.spike_zscore, train.spike_window, train.on_spike, state.get("spikes"))
+
     @property
     def skips_updates(self) -> bool:
         """The step must ask before its optimizer steps (`keep_update`)."""
