@@ -38,6 +38,8 @@ from gpt2.train.step import StepContext, train_step_with_flags
 from gpt2.train.throughput import synchronize
 
 VARIANTS = ("off", "warn", "skip")
+THRESHOLDS = (4, 6, 8, 10, 12, 15, 20)
+"""Candidate train.spike_zscore values: how many clean steps each would call a spike."""
 
 
 def _step_cost(cuda: bool, rounds: int, steps: int) -> dict[str, float]:
@@ -109,8 +111,10 @@ def _clean_run_zscores(steps: int, window: int, batch_tokens: int) -> dict[str, 
         train(config)
         events = [e for a in read_attempts(layout.run_dir(config)) for e in a.get("spikes", [])]
     logging.disable(logging.NOTSET)
+    worst = [max(float(e["loss_z"]), float(e["grad_norm_z"])) for e in events]
     return {"steps_judged": steps - window, "loss_z_max": max(float(e["loss_z"]) for e in events),
-            "grad_norm_z_max": max(float(e["grad_norm_z"]) for e in events)}
+            "grad_norm_z_max": max(float(e["grad_norm_z"]) for e in events),
+            "above": {t: sum(z > t for z in worst) for t in THRESHOLDS}}
 
 
 def main() -> None:
@@ -136,6 +140,8 @@ def main() -> None:
         z = _clean_run_zscores(args.clean_steps, 128, args.clean_batch_tokens)
         print(f"clean smoke run, {z['steps_judged']} steps judged against the 128 before each: "
               f"largest loss z {z['loss_z_max']:.2f}, largest grad norm z {z['grad_norm_z_max']:.2f}")
+        print("  clean steps a threshold would call spikes: "
+              + ", ".join(f"z>{t}: {n}" for t, n in z["above"].items()))
 
 
 if __name__ == "__main__":

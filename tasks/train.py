@@ -2,8 +2,8 @@
 
 Cached on the training identity (gpt2.identity.train_fingerprint) + code
 version. Retrying is always safe because training resumes from the newest
-checkpoint; errors that a retry cannot fix (NaN loss, out of memory, a bad
-batch shape, a failed preflight: tasks.preflight) and preemption (the process is going away) are not retried.
+checkpoint; errors that a retry cannot fix (NaN loss, loss spikes past
+train.max_rollbacks, out of memory, a bad batch shape, a failed preflight: tasks.preflight) and preemption (the process is going away) are not retried.
 A multi-node run whose other machines were preempted ends Crashed, like a
 preempted machine's own run, for the reschedule automation.
 """
