@@ -8,13 +8,16 @@ from collections import Counter
 import pytest
 import torch
 
-from gpt2 import layout
+from gpt2 import layout, storage
+from gpt2.checkpoint import store
 from gpt2.data.loader import TrainLoader, first_reads
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard_source import ShardSource
 from gpt2.identity import data_fingerprint, train_fingerprint
 from tests.gpt2.data.test_loader import env
+from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
+from tests.gpt2.train.test_train import weights
 
 SEED = 1337
 STEPS_PER_EPOCH = 3 * ((1000 - 1) // 256)  # 3 shards of 1000 tokens, 256-token global batches
@@ -86,3 +89,19 @@ def test_the_first_shard_prefetched_is_the_one_the_shuffled_order_reads_first(da
     manifest = load_manifest(layout.manifest(data))
     ld = loader(data, tmp_path, SEED)
     assert first_reads(manifest, 256, None, SEED)[-1] == ld.shards[ld.position.shard]
+
+
+
+def test_a_shuffled_run_resumed_from_an_earlier_checkpoint_ends_with_the_same_weights(tmp_path):
+    config = tiny_config(tmp_path, **{"data.shuffle": True, "train.max_steps": 6, "train.eval_every": 6,
+                                      "train.sample_every": 6, "eval.every_steps": 0, "tracking.enabled": False})
+    write_dataset(config, train_shards=3, shard_tokens=1000, val_tokens=400)
+    first = train(config)
+    final = weights(first.checkpoint)
+    for url in store.complete_checkpoints(config)[:2]:  # steps 6 and 4 gone: 3-6 are trained again from 2
+        storage.remove(storage.join(url, store.MARKER))
+        storage.remove(url, recursive=True)
+    again = train(config)
+    assert again.resumed_from_step == 2 and again.steps == 6
+    resumed = weights(again.checkpoint)
+    assert all(torch.equal(resumed[k], final[k]) for k in final)
