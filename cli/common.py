@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -104,6 +105,33 @@ def prefect_env() -> None:
     # can miss (migrations, then uvicorn): a generous wait costs nothing when the
     # server is quick, and the run is not lost to a start-up race.
     os.environ.setdefault(SERVER_WAIT_SETTING, str(SERVER_WAIT_S))
+    temporary_server_outlives_ctrl_c()
+
+
+def temporary_server_outlives_ctrl_c() -> None:
+    """Prefect's temporary server starts in a session of its own, so a
+    terminal's Ctrl-C (SIGINT to the whole foreground process group) reaches
+    the command and its trainer but not the server their flows report to: it
+    stays up while they stop (a checkpoint, the runs' final states) and is
+    stopped last, by Prefect's own exit handler, as on any other exit."""
+    import subprocess
+
+    from prefect.server.api import server
+
+    run = server.SubprocessASGIServer._run_uvicorn_command
+    if getattr(run, "own_session", False):
+        return
+
+    def in_own_session(self):
+        popen = subprocess.Popen
+        subprocess.Popen = functools.partial(popen, start_new_session=True)
+        try:
+            return run(self)
+        finally:
+            subprocess.Popen = popen
+
+    in_own_session.own_session = True
+    server.SubprocessASGIServer._run_uvicorn_command = in_own_session
 
 
 def check_root(config: Config) -> str | None:
@@ -298,6 +326,9 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     except TerminationSignal:  # SIGTERM: Prefect marked the run Crashed once the trainer had checkpointed
         fail("stopped by SIGTERM; work done so far is kept (training wrote a checkpoint): rerun the same command "
              "to continue", code=143)
+    except KeyboardInterrupt:  # Ctrl-C: the trainer checkpointed (if it was training) before we got here
+        fail("stopped by Ctrl-C; work done so far is kept (finished stages, shards, the training checkpoint): "
+             "rerun the same command to continue", code=130)
     except Exception as err:
         message = server_start_failure(err)
         if message is not None:

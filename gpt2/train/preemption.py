@@ -24,16 +24,28 @@ log = logging.getLogger(__name__)
 
 
 class SigtermGuard:
-    """Holds SIGTERM back while a checkpoint is due, then hands it on."""
+    """Holds SIGTERM back while a checkpoint is due, then hands it on. With
+    `interrupts`, the first Ctrl-C (SIGINT) is held back the same way (a
+    terminal sends it to every process of the command: the trainer too), and
+    a second one stops at once."""
 
-    def __init__(self, on_signal: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_signal: Callable[[], None] | None = None, interrupts: bool = False) -> None:
         self.requested = False
+        self.signal: int | None = None
+        """The signal that asked for the stop: SIGTERM or SIGINT."""
         self._on_signal = on_signal
+        self._interrupts = interrupts
         self._previous = None
+        self._previous_int = None
 
     def __call__(self, signum, frame) -> None:
-        log.warning("SIGTERM received: finishing this step, then writing a checkpoint")
-        self.requested = True
+        if signum == signal.SIGINT:
+            log.warning("Ctrl-C: finishing this step, then writing a checkpoint (Ctrl-C again stops at once, "
+                        "losing the steps since the last checkpoint)")
+            signal.signal(signal.SIGINT, self._previous_int)  # the second one is not held back
+        else:
+            log.warning("SIGTERM received: finishing this step, then writing a checkpoint")
+        self.requested, self.signal = True, self.signal or signum
         if self._on_signal is not None:
             self._on_signal()
 
@@ -45,16 +57,25 @@ class SigtermGuard:
             yield self
             return
         self._previous = signal.signal(signal.SIGTERM, self)
+        if self._interrupts:
+            self._previous_int = signal.signal(signal.SIGINT, self)
         try:
             yield self
         finally:
             signal.signal(signal.SIGTERM, self._previous)
+            if self._interrupts:
+                signal.signal(signal.SIGINT, self._previous_int)
+
+    @property
+    def why(self) -> str:
+        return "Ctrl-C" if self.signal == signal.SIGINT else "SIGTERM"
 
     def hand_on(self) -> None:
-        """Once the checkpoint is safe: give the signal to the handler we
-        replaced, if it is one of Python's (an orchestrator's). It may raise
-        (Prefect's raises TerminationSignal); if it returns, so do we."""
+        """Once the checkpoint is safe: give SIGTERM to the handler we replaced,
+        if it is one of Python's (an orchestrator's). It may raise (Prefect's
+        raises TerminationSignal); if it returns, so do we. A Ctrl-C is not
+        handed on: the caller says it stopped (Preempted)."""
         previous = self._previous
-        if callable(previous):
+        if callable(previous) and self.signal != signal.SIGINT:
             signal.signal(signal.SIGTERM, previous)
             previous(signal.SIGTERM, None)

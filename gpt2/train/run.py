@@ -103,7 +103,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     after SIGTERM, whatever the replaced SIGTERM handler raises, else
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
     config = with_resolved_steps(config)  # `epoch` as a number: the run's name and the loop need one
-    guard, started = SigtermGuard(), time.time()
+    guard, started = SigtermGuard(interrupts=True), time.time()
     clock = StartupParts(entered=started)
     rt = config.runtime
     with distributed(rt.device, rt.collective_timeout_s, STARTUP_TIMEOUT_S + rt.lease_wait_s) as env, \
@@ -130,7 +130,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
         bill = settle(config, env, outcome.mlflow_run_id, outcome.steps, "KILLED" if outcome.preempted else "FINISHED")
         if outcome.preempted:
             guard.hand_on()  # the checkpoint is written: an orchestrator's own handling may run now
-            raise Preempted(f"stopped by SIGTERM after step {outcome.steps}; checkpoint {outcome.checkpoint}; "
+            raise Preempted(f"stopped by {guard.why} after step {outcome.steps}; checkpoint {outcome.checkpoint}; "
                             "rerun the same command to resume")
         return TrainResult(
             run_name=outcome.run_name, checkpoint=outcome.checkpoint, steps=outcome.steps,

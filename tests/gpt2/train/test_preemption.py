@@ -62,6 +62,32 @@ def test_the_guard_holds_the_signal_then_hands_it_on(outer_handler):
     assert signal.getsignal(signal.SIGTERM) is _raise_handed_on
 
 
+def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once():
+    guard = SigtermGuard(interrupts=True)
+    with guard.installed():
+        os.kill(os.getpid(), signal.SIGINT)  # held: the step finishes, the checkpoint is written
+        assert guard.requested and guard.why == "Ctrl-C"
+        guard.hand_on()  # not handed on: the trainer says it stopped
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_in_training_writes_a_checkpoint_and_the_rerun_resumes_there(tmp_path):
+    config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})
+    write_dataset(config)
+
+    def ctrl_c_at_3(info) -> None:
+        if info.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Preempted, match="stopped by Ctrl-C after step"):
+        train(config, progress=ctrl_c_at_3)
+    stopped = _stopped_step(config)
+    assert 3 <= stopped < config.train.max_steps
+    assert train(config).resumed_from_step == stopped
+
+
 def test_after_the_checkpoint_the_replaced_handler_gets_the_signal(tmp_path, outer_handler):
     config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})  # only SIGTERM and the end write one
     write_dataset(config)
