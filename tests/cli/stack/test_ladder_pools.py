@@ -40,3 +40,32 @@ def test_the_command_refuses_before_starting_anything(tmp_path):
     assert done.returncode == 1
     assert "gpu-nowhere" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "state" / "stack.json").exists()
+
+
+def test_a_ladder_given_to_gpt2_run_is_refused_before_anything_starts(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = CliRunner().invoke(app, ["run", "--preset", "smoke", "--root", str(tmp_path / "root"),
+                                   "--set", "runtime.gpu_pools=gpu-spot,gpu"])
+    assert out.exit_code == 1
+    assert "runtime.gpu_pools is a ladder of work pools, but this pipeline runs its stages in this process" \
+        in out.output
+    assert not (tmp_path / "root").exists()  # no server, no stage, nothing written
+
+
+def test_a_rung_without_its_deployments_is_named_before_any_stage_runs(prefect_server):
+    """Against a real Prefect server with no deployments (flows.ladder.check_deployed,
+    which the parent runs before its data stage)."""
+    from flows.ladder import LadderNotDeployed, check_deployed
+    from gpt2.overrides import resolve_config
+
+    config = resolve_config("smoke", {"runtime.gpu_pools": "gpu-nowhere,gpu"})
+    with pytest.raises(LadderNotDeployed) as err:
+        check_deployed(config)
+    message = str(err.value)
+    for name in ("gpt2-train/train-gpu-nowhere (rung gpu-nowhere) is not deployed",
+                 "gpt2-eval/evaluate-gpu-nowhere (rung gpu-nowhere) is not deployed",
+                 "gpt2-train/train (rung gpu) is not deployed"):
+        assert name in message
