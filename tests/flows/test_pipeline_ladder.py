@@ -85,6 +85,15 @@ def stage_runs(stack, parent_id: str, stage: str = "train") -> dict[str, object]
     return {r.work_pool_name: r for r in runs}
 
 
+def first_rung_run(stack, parent_id: str, pool: str):
+    """The parent's training run on `pool`, once the parent has started it."""
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while pool not in (runs := stage_runs(stack, parent_id)):
+        assert time.monotonic() < deadline, f"the training run never reached rung {pool}"
+        time.sleep(1)
+    return runs[pool]
+
+
 def attempts(config) -> list[dict]:
     from gpt2.train.attempts import read_attempts
 
@@ -173,13 +182,10 @@ def test_preempted_max_times_on_a_rung_the_run_resumes_on_the_next(stack, tmp_pa
                                  "runtime.gpu_pools": "gpu-sky:2.0:300:1,gpu:4.0"})
     config = resolve_config("smoke", params)
     parent_id = deployment_run(stack, params)
-    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
-    while "gpu-sky" not in stage_runs(stack, parent_id):
-        assert time.monotonic() < deadline, "the first rung's training run never started"
-        time.sleep(1)
-    sky = stage_runs(stack, parent_id)["gpu-sky"]
+    sky = first_rung_run(stack, parent_id, "gpu-sky")
     proc = flow_run_process(stack, str(sky.id), timeout=PIPELINE_TIMEOUT_S)
     run_dir = storage.local_path(layout_run_dir(config))
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
     while not (run_dir / "lease").exists():
         assert time.monotonic() < deadline and proc.is_running(), "training never started"
         time.sleep(0.2)
@@ -239,10 +245,7 @@ def test_a_server_restart_while_a_run_waits_on_a_rung_the_ladder_carries_on(stac
     params = overrides(stack, **{"train.lr": 4e-3, **STEPS, "runtime.gpu_pools": "gpu-spot:1.0:60,gpu:4.0"})
     config = resolve_config("smoke", params)
     parent_id = deployment_run(stack, params)
-    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
-    while "gpu-spot" not in stage_runs(stack, parent_id):
-        assert time.monotonic() < deadline, "the training run never reached the first rung"
-        time.sleep(1)
+    first_rung_run(stack, parent_id, "gpu-spot")
     restart = (f"from pathlib import Path; from cli.stack.services import restart_server; "
                f"restart_server(Path({stack['state_dir']!r}), away_s=15)")
     subprocess.run([sys.executable, "-c", restart], env=stack["env"], cwd=stack["base"], check=True, timeout=300)
