@@ -134,7 +134,7 @@ class RuntimeConfig(_Section):
     rdzv_endpoint: str | None = None
     """host:port of the c10d rendezvous every node joins when nnodes > 1 (on
     Kubernetes the training flow sets it: pod 0 of its Job through the headless
-    Service; see deployments/README.md)."""
+    Service; see docs/multi-node.md)."""
     rdzv_timeout_s: float = Field(1800.0, gt=0)
     """How long each node waits for the others at the rendezvous (torchrun's
     join_timeout, and read_timeout: how long a node waits for the node that serves

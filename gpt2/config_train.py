@@ -12,7 +12,7 @@ from gpt2.config_base import Section
 SPIKE_ZSCORE = 15.0
 """train.spike_zscore's default: above every step of the clean run measured (`python -m
 bench.spike_detector`: the largest z 12.35, a gradient norm; 8 of 272 steps above 6), far
-below a poisoned batch's (120-290); README, "Loss spikes"."""
+below a poisoned batch's (120-290); docs/training.md, "Loss spikes"."""
 
 
 class TrainConfig(Section):

@@ -13,7 +13,7 @@ attempt's pod being deleted later does not take the running Job with it; a
 Job that vanishes while it is watched (deleted by anyone) is a lost node.
 
 The flow's pod needs RBAC to get pods and to create, get and delete Jobs,
-Services and ConfigMaps in its namespace (deployments/README.md).
+Services and ConfigMaps in its namespace (docs/multi-node.md).
 """
 
 from __future__ import annotations
