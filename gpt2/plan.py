@@ -15,7 +15,6 @@ micro-batch probe, checkpoint writes, HellaSwag during training, the data stage.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -25,14 +24,14 @@ from gpt2.config import Config
 from gpt2.data import disk
 from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_documents, file_format, is_remote
 from gpt2.data.sources import resolve as resolve_source
-from gpt2.errors import UserError
+from gpt2.gpus import Gpu, PlanError, gpu, gpu_of_device  # noqa: F401 (also the plan's own names)
 from gpt2.kill_window import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.model import GPT
+from gpt2.plan_measured import measured_mfu
 from gpt2.steps import planned_steps
 from gpt2.train.memory import estimate_multi_rank_bytes, estimate_step_bytes
 from gpt2.train.session import check_batch_shape
 from gpt2.train.step import MemorySettings, configured, memory_candidates, micro_batch_candidates
-from gpt2.train.throughput import GPU_MEMORY_GIB, peak_flops_of
 
 ASSUMED_MFU = 0.4
 """Model FLOPs utilization assumed for the time estimate (llm.c reaches ~40-50% on H100s)."""
@@ -40,39 +39,6 @@ EVAL_FLOPS_FRACTION = 1 / 3  # a forward pass is a third of forward + backward
 CHECKPOINT_BYTES_PER_PARAM = 4 + 8  # fp32 weights + AdamW's two fp32 moments (gpt2.checkpoint.store)
 COUNTED = "training steps + validation passes (forward only)"
 NOT_COUNTED = "start-up, compilation, micro-batch probe, checkpoint writes, HellaSwag during training, data stage"
-
-
-class PlanError(UserError, ValueError):
-    """An unknown GPU or an impossible shape; the message says what is accepted."""
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    peak_flops: float
-    memory_gib: float
-
-
-def _key(name: str) -> str:
-    return "".join(ch for ch in name.upper() if ch.isalnum())
-
-
-def gpu(name: str) -> Gpu:
-    """A GPU by name (case, spaces and dashes ignored: `a100-40gb`, `RTX4090`)."""
-    known = {_key(k): k for k in GPU_MEMORY_GIB}
-    canonical = known.get(_key(name))
-    peak = peak_flops_of(canonical) if canonical else None
-    if canonical is None or peak is None:
-        raise PlanError(f"unknown GPU {name!r}; known: {', '.join(GPU_MEMORY_GIB)}")
-    return Gpu(canonical, peak, GPU_MEMORY_GIB[canonical])
-
-
-def gpu_of_device(device_name: str) -> Gpu | None:
-    """The plan's GPU for a CUDA device name ("NVIDIA H100 80GB HBM3" is an
-    H100): the most specific (longest) known name it contains; None when none."""
-    key = _key(device_name)
-    found = [k for k in GPU_MEMORY_GIB if _key(k) in key]
-    return gpu(max(found, key=lambda k: len(_key(k)))) if found else None
 
 
 def model_size(config: Config) -> tuple[int, int]:
@@ -128,8 +94,6 @@ def _mfu(config: Config, g: Gpu, given: float | None) -> tuple[float, str]:
     on this GPU (gpt2.plan_measured), else ASSUMED_MFU."""
     if given is not None:
         return given, "given (--mfu)"
-    from gpt2.plan_measured import measured_mfu
-
     found = measured_mfu(g, config.preset)
     if found is not None:
         return found

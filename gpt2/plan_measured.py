@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from gpt2.plan import Gpu, gpu_of_device
+from gpt2.gpus import Gpu, gpu_of_device
 
 RESULTS_ENV = "GPT2_BENCH_RESULTS"
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results.jsonl"

@@ -21,6 +21,8 @@ from gpt2.config import Config
 from gpt2.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
+# One worker builds the site once for every test here.
+pytestmark = pytest.mark.xdist_group("docs_site")
 
 
 @pytest.fixture(scope="module")
