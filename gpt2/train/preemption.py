@@ -57,13 +57,15 @@ class SigtermGuard:
             yield self
             return
         self._previous = signal.signal(signal.SIGTERM, self)
-        if self._interrupts:
+        # A process started with Ctrl-C ignored (a shell's background job) keeps ignoring it.
+        interrupts = self._interrupts and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        if interrupts:
             self._previous_int = signal.signal(signal.SIGINT, self)
         try:
             yield self
         finally:
             signal.signal(signal.SIGTERM, self._previous)
-            if self._interrupts:
+            if interrupts:
                 signal.signal(signal.SIGINT, self._previous_int)
 
     @property

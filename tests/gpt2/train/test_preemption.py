@@ -73,6 +73,17 @@ def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_process_started_with_ctrl_c_ignored_keeps_ignoring_it():
+    """A shell's background job (`gpt2 train &`) is not stopped by the terminal's Ctrl-C."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with SigtermGuard(interrupts=True).installed():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_in_training_writes_a_checkpoint_and_the_rerun_resumes_there(tmp_path):
     config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})
     write_dataset(config)
