@@ -191,7 +191,7 @@ def announce_server() -> str | None:
 def temporary_server_database(config: Config) -> None:
     """Prefect's temporary server (no PREFECT_API_URL) keeps its run history
     in the work dir, `<work dir>/prefect.db`, beside this project's other
-    scratch, instead of `~/.prefect/prefect.db` (README, "What lives where"):
+    scratch, instead of `~/.prefect/prefect.db` (docs/getting-started.md, "What lives where"):
     unless a server or a database of the user's own is configured. A new one
     starts as a migrated copy (cli.stack.services.seed_prefect_db)."""
     import os

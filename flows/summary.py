@@ -12,7 +12,7 @@ from gpt2.config import Config
 
 
 def describe_bill(bill: dict[str, Any] | None) -> str:
-    """One line of the bill (gpt2.bill; the README says what each figure means)."""
+    """One line of the bill (gpt2.bill; docs/plan.md, "What a run cost", says what each figure means)."""
     if not bill:
         return "bill: (not recorded)"
     cost = f"{bill['cost']:,.2f}" if bill.get("cost") is not None else "unknown (set runtime.price_per_hour)"
