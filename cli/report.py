@@ -1,6 +1,7 @@
 """`gpt2 report`: one PNG comparing training runs from MLflow, validation loss
-and HellaSwag acc_norm against tokens trained, with the published GPT-2 124M
-numbers as reference lines.
+and HellaSwag acc_norm (± one standard error) against tokens trained, with the
+published GPT-2 124M numbers as reference lines; scores on the built-in format
+sample (smoke's) on a panel of their own, without GPT-2's benchmark line.
 
     gpt2 report                                          # the experiment's 5 newest training runs
     gpt2 report --runs smoke-1a2b3c4d5e6f,4f1e0c… --out compare.png --json
@@ -59,7 +60,8 @@ def describe(result: dict) -> str:
     for line in result["lines"]:
         tokens, value = line["last"]
         points = f"{line['points']} point{'s' if line['points'] != 1 else ''}"
-        lines.append(f"  {line['panel']:<9} {line['label']}: {points}, last {value:.4g} at {tokens:,} tokens")
+        error = f" ± {line['last_stderr']:.2g}" if line.get("last_stderr") else ""
+        lines.append(f"  {line['panel']:<16} {line['label']}: {points}, last {value:.4g}{error} at {tokens:,} tokens")
     for run in result["runs"]:
         counts = {k: n for k, n in run.get("spikes", {}).items() if n}
         if counts:

@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 from gpt2.config import Config
+from gpt2.reference_lines import HELLASWAG_GPT2
 
 
 def describe_bill(bill: dict[str, Any] | None) -> str:
@@ -49,6 +50,35 @@ def _no_run_of_its_own(result: dict[str, Any]) -> str:
     return f"none written (read-only root; the training run is {train})"
 
 
+SAMPLE_NOTE = ("(the built-in format sample: checks the scorer, not the benchmark, so not comparable with "
+               f"GPT-2's {HELLASWAG_GPT2.value:.1%}.\n{{pad}}Its right endings are its longest, and acc, "
+               "not normalised by length, prefers short ones, so it starts near 0)")
+"""What a score on the built-in format sample is, and what its `acc` means (smoke's HellaSwag)."""
+_PAD = " " * 20  # the indent and width of the summary's labels
+
+
+def describe_hellaswag(config: Config, hs: dict[str, Any]) -> str:
+    """The HellaSwag line: acc, acc_norm with its standard error (lm-eval's), and
+    on the built-in format sample, what that is and what its acc means."""
+    line = f"acc {_figure(hs.get('acc'))}  acc_norm {_figure(hs.get('acc_norm'))}  (n={hs.get('n')})"
+    if hs.get("acc_norm_stderr") is not None:
+        line += f"  standard error of acc_norm {hs['acc_norm_stderr']:.4f}"
+    if config.eval.hellaswag_source.startswith("builtin:"):
+        line += "\n" + _PAD + SAMPLE_NOTE.format(pad=_PAD)
+    return line
+
+
+def describe_report(result: dict[str, Any]) -> list[str]:
+    """Where the runs report is: `report.png`, an artifact of the pipeline's parent
+    MLflow run (flows.pipeline); none without a run of its own."""
+    run_id = result.get("mlflow_run_id")
+    if not run_id:
+        return []
+    return [f"  runs report:      report.png, an artifact of MLflow run {run_id}: validation loss and HellaSwag "
+            "against tokens,\n" + _PAD + "this run beside the experiment's newest "
+            "(`gpt2 report` draws it for any runs)"]
+
+
 def where_things_are(config: Config, result: dict[str, Any]) -> str:
     from gpt2.secrets import redact
     from gpt2.tracking import default_tracking_uri
@@ -62,9 +92,7 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
     lines = [
         f"pipeline finished (cached stages: {cached})",
         f"  final val loss:   {_figure(result['final_val_loss'])}",
-        f"  HellaSwag:        acc {_figure(hs.get('acc'))}  acc_norm {_figure(hs.get('acc_norm'))}  (n={hs.get('n')})"
-        + ("  (the built-in format sample: a check of the scorer, not the benchmark)"
-           if config.eval.hellaswag_source.startswith("builtin:") else ""),
+        f"  HellaSwag:        {describe_hellaswag(config, hs)}",
         f"  checkpoint:       {result['checkpoint']}",
         f"  Hugging Face dir: {result['hf_dir']}",
         "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",
@@ -72,6 +100,7 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
         f"  MLflow run:       {result['mlflow_run_id'] or _no_run_of_its_own(result)} (registered model "
         f"{result['registered_model']} "
         f"v{result['model_version']})",
+        *describe_report(result),
         f"  MLflow UI:        {ui}",
         f"  {describe_bill(result.get('bill'))}",
         *describe_rungs(result.get("rungs")),

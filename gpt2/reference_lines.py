@@ -4,8 +4,10 @@ chosen by the data each run trained on (`gpt2 report`, the pipeline's picture).
 A validation loss is only comparable on the same data, so each dataset brings
 the figures published on it: FineWeb runs llm.c's, OpenWebText runs nanoGPT's;
 a run on any other data gets no loss line, since none was published. HellaSwag
-is one benchmark whatever the training data: its line is drawn for every run.
-Each label names the figure's source.
+is one benchmark whatever the training data: its line is drawn for every run
+scored on it, never beside a score on the built-in format sample (a few items
+written to check the scorer). Each label names the figure's source and the data
+it was measured on.
 """
 
 from __future__ import annotations
@@ -23,9 +25,15 @@ class Reference:
     """The legend entry: the number and where it was published."""
 
 
-# OpenAI's released GPT-2 124M scored by lm-eval's hellaswag task, 0-shot: the scorer the
-# evaluate stage runs, and the one the in-loop scorer is proven to match.
-HELLASWAG_GPT2 = Reference("hellaswag", 0.311, "OpenAI GPT-2 124M: 31.1% (lm-eval hellaswag acc_norm)")
+HELLASWAG_ITEMS = 10_042
+"""Items of HellaSwag's validation split: the benchmark the published figure was measured on."""
+CHANCE = 0.25
+"""HellaSwag's chance level: one of four endings picked at random."""
+
+# OpenAI's released GPT-2 124M scored by lm-eval's hellaswag task, 0-shot, on the validation
+# split: the scorer the evaluate stage runs, and the one the in-loop scorer is proven to match.
+HELLASWAG_GPT2 = Reference("hellaswag", 0.311, "OpenAI GPT-2 124M: 31.1% (HellaSwag validation, "
+                           f"{HELLASWAG_ITEMS:,} items, 0-shot; lm-eval acc_norm)")
 
 LOSS_REFERENCES: dict[str, tuple[Reference, ...]] = {
     # llm.c's GPT-2 124M run (github.com/karpathy/llm.c/discussions/481): 10B tokens of
@@ -63,8 +71,9 @@ def dataset_of(params: dict[str, str]) -> str | None:
     return None
 
 
-def references_for(datasets: Iterable[str | None]) -> tuple[Reference, ...]:
+def references_for(datasets: Iterable[str | None], hellaswag: bool = True) -> tuple[Reference, ...]:
     """The lines for runs on these datasets: each dataset's loss figures once,
-    in the order the runs come, then HellaSwag's."""
+    in the order the runs come, then HellaSwag's unless `hellaswag` is False
+    (the figure has no panel of the benchmark: its runs scored the format sample)."""
     lines = [ref for name in dict.fromkeys(datasets) if name for ref in LOSS_REFERENCES.get(name, ())]
-    return (*lines, HELLASWAG_GPT2)
+    return (*lines, HELLASWAG_GPT2) if hellaswag else tuple(lines)

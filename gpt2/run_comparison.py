@@ -4,7 +4,9 @@ GPT-2 124M numbers as horizontal reference lines: those published on the data
 the runs trained on (gpt2.reference_lines). The loss panel marks each
 run's loss spikes that changed what it trained (gpt2.train.spikes): a dotted
 vertical line where it rolled back, a cross on the axis where it skipped an
-update.
+update. HellaSwag scores carry their standard error; a score on the built-in
+format sample (a few items written to check the scorer) is drawn on a panel of
+its own, never against GPT-2's benchmark figure. gpt2.run_figure draws it.
 
 Pure: runs come in as plain data (`RunCurves`, read back from MLflow by
 tasks.runs_report) and `figure_data` returns exactly what is drawn, per run
@@ -17,7 +19,7 @@ a panel needs is named in `FigureData.skipped`, never drawn as an empty line.
 
 from __future__ import annotations
 
-import os
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -45,6 +47,9 @@ class Panel:
 
 PANELS = (Panel("val_loss", VAL_LOSS, "validation loss", percent=False),
           Panel("hellaswag", HELLASWAG, "HellaSwag acc_norm", percent=True))
+"""The panels by metric: what is read of each run, and what a run lacking it is skipped on."""
+SAMPLE = Panel("hellaswag_sample", HELLASWAG, "HellaSwag acc_norm: built-in format sample", percent=True)
+"""Where scores on the built-in format sample go: apart from the benchmark and its GPT-2 line."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,12 @@ class RunCurves:
     dataset: str | None = None
     """The published dataset it trained on (gpt2.reference_lines.dataset_of): picks the
     loss reference lines; None: data no figure was published on, no loss line."""
+    hellaswag_sample: bool = False
+    """Scored on the built-in format sample: drawn on SAMPLE's panel, never against the benchmark's line."""
+    hellaswag_items: int | None = None
+    """Items its in-loop HellaSwag scores, where known: gives each point's standard error."""
+    evaluated_stderr: dict[int, float] = field(default_factory=dict)
+    """lm-eval's acc_norm_stderr of each evaluated step (as `evaluated`)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,8 @@ class Line:
     """`train` (logged by the trainer) or `evaluate` (the evaluate stage's lm-eval score)."""
     tokens: tuple[int, ...]
     values: tuple[float, ...]
+    errors: tuple[float, ...] = ()
+    """One standard error per point (lm-eval's, or the same formula on the items scored); () unknown."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,13 @@ class FigureData:
     def line(self, panel: str, run_id: str, source: str = "train") -> Line | None:
         return next((x for x in self.lines if (x.panel, x.run_id, x.source) == (panel, run_id, source)), None)
 
+    def panels(self) -> list[Panel]:
+        """The panels drawn: loss, the benchmark's HellaSwag (unless every HellaSwag
+        score is on the format sample), the format sample's (when a run has one)."""
+        sample = any(x.panel == SAMPLE.key for x in self.lines)
+        benchmark = any(x.panel == PANELS[1].key for x in self.lines) or not sample
+        return [PANELS[0], *([PANELS[1]] if benchmark else []), *([SAMPLE] if sample else [])]
+
 
 class NothingToDraw(UserError):
     """None of the runs has a series any panel can draw."""
@@ -155,8 +175,10 @@ def figure_data(runs: Sequence[RunCurves]) -> FigureData:
                             "Name training runs that logged a validation pass (--runs)")
     spikes = {r.run_id: {kind: len(r.events.get(kind, [])) for kind in SPIKE_EVENTS.values()} for r in runs}
     drawn = {line.run_id for line in lines}
-    references = references_for(r.dataset for r in runs if r.run_id in drawn)
-    return FigureData(tuple(lines), tuple(skipped), references, marks=tuple(marks), spikes=spikes)
+    data = FigureData(tuple(lines), tuple(skipped), marks=tuple(marks), spikes=spikes)
+    benchmark = PANELS[1] in data.panels()
+    return FigureData(tuple(lines), tuple(skipped), references_for((r.dataset for r in runs if r.run_id in drawn),
+                                                                   hellaswag=benchmark), tuple(marks), spikes)
 
 
 _MISSING_HINTS = {
@@ -175,17 +197,28 @@ def _labels(runs: Sequence[RunCurves]) -> dict[str, str]:
 
 def _panel_lines(run: RunCurves, panel: Panel, label: str) -> list[Line]:
     per_step = run.tokens_per_step or 0
-    if panel.metric == HELLASWAG and run.hellaswag_note:
+    hellaswag = panel.metric == HELLASWAG
+    if hellaswag and run.hellaswag_note:
         label = f"{label} [{run.hellaswag_note}]"
+    key = SAMPLE.key if hellaswag and run.hellaswag_sample else panel.key
     found = []
     points = run.series.get(panel.metric) or []
     if points:
-        found.append(Line(panel.key, run.run_id, run.name, label, "train",
-                          tuple(step * per_step for step, _ in points), tuple(v for _, v in points)))
-    if panel.metric == HELLASWAG and run.evaluated:
-        found.append(Line(panel.key, run.run_id, run.name, f"{label} (lm-eval)", "evaluate",
-                          tuple(step * per_step for step, _ in run.evaluated), tuple(v for _, v in run.evaluated)))
+        errors = tuple(stderr(v, run.hellaswag_items) for _, v in points) if hellaswag and run.hellaswag_items else ()
+        found.append(Line(key, run.run_id, run.name, label, "train", tuple(step * per_step for step, _ in points),
+                          tuple(v for _, v in points), errors))
+    if hellaswag and run.evaluated:
+        known = all(step in run.evaluated_stderr for step, _ in run.evaluated)
+        found.append(Line(key, run.run_id, run.name, f"{label} (lm-eval)", "evaluate",
+                          tuple(step * per_step for step, _ in run.evaluated), tuple(v for _, v in run.evaluated),
+                          tuple(run.evaluated_stderr[step] for step, _ in run.evaluated) if known else ()))
     return found
+
+
+def stderr(accuracy: float, items: int) -> float:
+    """The standard error of an accuracy over `items` items, as lm-eval reports
+    it (the sample standard deviation of the 0/1 scores over sqrt(items))."""
+    return math.sqrt(accuracy * (1 - accuracy) / (items - 1)) if items > 1 else 0.0
 
 
 def tokens_label(tokens: float, _pos: object = None) -> str:
@@ -196,56 +229,8 @@ def tokens_label(tokens: float, _pos: object = None) -> str:
     return f"{tokens:.3g}"
 
 
-def _draw_marks(ax, data: FigureData, colors: dict[str, str]) -> None:
-    """Rollbacks as dotted vertical lines, skipped updates as crosses on the x axis."""
-    labelled: set[str] = set()
-    for mark in (m for m in data.marks if m.run_id in colors):
-        label = {"rollbacks": "rollback (loss spike)", "skipped": "skipped update (loss spike)"}[mark.kind]
-        label = label if mark.kind not in labelled else None
-        labelled.add(mark.kind)
-        if mark.kind == "rollbacks":
-            ax.axvline(mark.tokens, color=colors[mark.run_id], linestyle=":", linewidth=1.2, label=label)
-        else:  # x in data, y in axes units: on the axis whatever the loss range
-            ax.plot([mark.tokens], [0.02], marker="x", markersize=7, linestyle="none", color=colors[mark.run_id],
-                    transform=ax.get_xaxis_transform(), label=label)
-
-
 def draw(data: FigureData, path: Path, caption: str = "") -> Path:
-    """The two panels as one PNG at `path` (written whole, then renamed into place)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, PercentFormatter
+    """The panels as one PNG at `path` (gpt2.run_figure)."""
+    from gpt2.run_figure import draw_figure
 
-    # A Figure of its own on the Agg canvas: no pyplot, so no global backend or
-    # figure registry is touched in the caller's process (a flow, a notebook).
-    fig = Figure(figsize=(13, 5.5))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2)
-    colors = {run_id: f"C{i % 10}" for i, run_id in enumerate(data.runs_drawn())}
-    for ax, panel in zip(axes, PANELS):
-        for line in (x for x in data.lines if x.panel == panel.key):
-            # lm-eval's final scores are single points: stars, not a line between checkpoints.
-            style = ({"marker": "*", "markersize": 12, "linestyle": "none"} if line.source == "evaluate"
-                     else {"marker": "o" if len(line.tokens) <= 30 else None, "markersize": 3, "linewidth": 1.5})
-            ax.plot(line.tokens, line.values, color=colors[line.run_id], label=line.label, **style)
-        if not any(x.panel == panel.key for x in data.lines):
-            ax.text(0.5, 0.5, f"no run has {panel.metric}", transform=ax.transAxes, ha="center", color="gray")
-        if panel.metric == VAL_LOSS:
-            _draw_marks(ax, data, colors)
-        for ref in (r for r in data.references if r.panel == panel.key):
-            ax.axhline(ref.value, color="black", linestyle="--", linewidth=1, label=ref.label)
-        ax.set_title(panel.title)
-        ax.set_xlabel("tokens trained")
-        ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
-        if panel.percent:
-            ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    if caption:
-        fig.text(0.01, 0.01, caption, fontsize="x-small", color="gray")
-    fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    fig.savefig(partial, format="png", dpi=100)
-    os.replace(partial, path)
-    return path
+    return draw_figure(data, path, caption)

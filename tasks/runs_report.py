@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from gpt2 import layout
 from gpt2.errors import UserError
 from gpt2.run_comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, draw, figure_data
-from gpt2.reference_lines import dataset_of
+from gpt2.reference_lines import HELLASWAG_ITEMS, dataset_of
 from gpt2.secrets import redact
 from gpt2.tracking import Tracker
 
@@ -33,6 +33,10 @@ DEFAULT_NEWEST = 5
 TOKENS_PARAM, ROOT_PARAM = "train.total_batch_tokens", "runtime.root"  # the config as the trainer logs it
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _NEWEST_FIRST = ["attributes.start_time DESC"]
+HELLASWAG_STDERR = "hellaswag/acc_norm_stderr"  # logged by the evaluate stage beside HELLASWAG
+# gpt2.hellaswag.items' HUB_SOURCES and FORMAT_SAMPLE (a test keeps them equal): importing that
+# package imports torch, seconds this command does not need.
+HUB_SOURCES, FORMAT_SAMPLE = ("Rowan/hellaswag", "hf://datasets/Rowan/hellaswag"), "builtin:format-sample"
 
 
 def open_store(uri: str) -> Any:
@@ -112,11 +116,15 @@ def _by_name(client: Any, exp_id: str, name: str) -> Any | None:
 def read_curves(client: Any, run: Any) -> RunCurves:
     """What the figure needs of one run: tokens per step, the panels' metric
     histories, and lm-eval's scores from the evaluate runs of its checkpoints."""
-    per_step = run.data.params.get(TOKENS_PARAM)
+    params, per_step = run.data.params, run.data.params.get(TOKENS_PARAM)
     series = {p.metric: _history(client, run.info.run_id, p.metric) for p in PANELS if p.metric in run.data.metrics}
+    evaluated = _evaluated(client, run) if per_step else {}
     return RunCurves(run.info.run_id, run.info.run_name, int(per_step) if per_step and per_step.isdigit() else None,
-                     series, _evaluated(client, run) if per_step else [], run.data.tags.get("stage"),
-                     _hellaswag_note(run.data.params), _spike_events(client, run), dataset_of(run.data.params))
+                     series, [(step, value) for step, (value, _) in evaluated.items()], run.data.tags.get("stage"),
+                     _hellaswag_note(params), _spike_events(client, run), dataset_of(params),
+                     hellaswag_sample=params.get("eval.hellaswag_source", "").startswith("builtin:"),
+                     hellaswag_items=hellaswag_items(params),
+                     evaluated_stderr={step: err for step, (_, err) in evaluated.items() if err is not None})
 
 
 def _spike_events(client: Any, run: Any) -> dict[str, list[int]]:
@@ -134,11 +142,34 @@ def _spike_events(client: Any, run: Any) -> dict[str, list[int]]:
 def _hellaswag_note(params: dict[str, str]) -> str | None:
     """What sets the run's HellaSwag apart from the full benchmark the
     reference was measured on, from its eval settings (None: nothing known
-    does). `builtin:` sources are samples written for tests (smoke's)."""
+    does). A `builtin:` source (a sample written for tests: smoke's) is drawn
+    on a panel of its own, which says so; another file is named."""
     source, limit = params.get("eval.hellaswag_source", ""), params.get("eval.limit", "None")
-    notes = [f"{source}, not the benchmark"] if source.startswith("builtin:") else []
+    notes = [] if source in HUB_SOURCES or source.startswith("builtin:") or not source else [f"{source}, not the hub's"]
     notes += [f"first {limit} items"] if limit.isdigit() else []
     return "; ".join(notes) or None
+
+
+def hellaswag_items(params: dict[str, str]) -> int | None:
+    """How many items the run's in-loop HellaSwag scores (the standard error of
+    its points), where the source says: the hub's validation split or the
+    built-in format sample, each cut to eval.limit; None for another file."""
+    source, limit = params.get("eval.hellaswag_source", ""), params.get("eval.limit", "None")
+    if source in HUB_SOURCES:
+        total = HELLASWAG_ITEMS
+    elif source == FORMAT_SAMPLE:
+        total = _format_sample_items()
+    else:
+        return None
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def _format_sample_items() -> int:
+    """Rows of the shipped format sample (gpt2/hellaswag/format_sample.jsonl), read without importing its package."""
+    from importlib.util import find_spec
+
+    folder = Path(find_spec("gpt2.hellaswag").submodule_search_locations[0])
+    return sum(1 for row in (folder / "format_sample.jsonl").read_text(encoding="utf-8").splitlines() if row.strip())
 
 
 def _history(client: Any, run_id: str, metric: str) -> list[tuple[int, float]]:
@@ -151,9 +182,10 @@ def _history(client: Any, run_id: str, metric: str) -> list[tuple[int, float]]:
     return [(step, latest[step].value) for step in sorted(latest)]
 
 
-def _evaluated(client: Any, run: Any) -> list[tuple[int, float]]:
-    """lm-eval's acc_norm per evaluated step of this training run (the newest
-    evaluate run per step). An evaluate run names its checkpoint (tag
+def _evaluated(client: Any, run: Any) -> dict[int, tuple[float, float | None]]:
+    """lm-eval's acc_norm and its standard error (None where not logged) per
+    evaluated step of this training run, steps ascending (the newest evaluate
+    run per step). An evaluate run names its checkpoint (tag
     `checkpoint`, …/runs/<run>/checkpoints/step_N): it must lie in this run's
     directory under this run's root, not merely under a run of the same name."""
     name, root = run.info.run_name, run.data.params.get(ROOT_PARAM)
@@ -162,13 +194,13 @@ def _evaluated(client: Any, run: Any) -> list[tuple[int, float]]:
     found = client.search_runs([run.info.experiment_id],
                                f"tags.stage = 'evaluate' and attributes.run_name LIKE 'eval-{name}-%'",
                                order_by=_NEWEST_FIRST)
-    scores: dict[int, float] = {}
+    scores: dict[int, tuple[float, float | None]] = {}
     for ev in found:
         checkpoint, step = ev.data.tags.get("checkpoint", ""), ev.data.tags.get("step", "")
         run_dir = posixpath.dirname(posixpath.dirname(checkpoint.rstrip("/")))
         if HELLASWAG in ev.data.metrics and step.isdigit() and _is_run_dir(run_dir, root, name):
-            scores.setdefault(int(step), ev.data.metrics[HELLASWAG])
-    return sorted(scores.items())
+            scores.setdefault(int(step), (ev.data.metrics[HELLASWAG], ev.data.metrics.get(HELLASWAG_STDERR)))
+    return dict(sorted(scores.items()))
 
 
 def _is_run_dir(url: str, root: str | None, name: str) -> bool:
@@ -225,7 +257,8 @@ def summary(data: FigureData, out: Path, experiment: str, uri: str, parent_run_i
                  for run_id in data.runs_drawn()],
         "skipped": [{"run_id": s.run_id, "name": s.name, "panel": s.panel, "reason": s.reason} for s in data.skipped],
         "lines": [{"panel": x.panel, "run_id": x.run_id, "label": x.label, "source": x.source, "points": len(x.tokens),
-                   "last": [x.tokens[-1], x.values[-1]]} for x in data.lines],
+                   "last": [x.tokens[-1], x.values[-1]], "last_stderr": x.errors[-1] if x.errors else None}
+                  for x in data.lines],
         "references": [{"panel": r.panel, "value": r.value, "label": r.label} for r in data.references],
         "parent_run_id": parent_run_id,
     }

@@ -109,3 +109,42 @@ def test_draw_writes_one_png_in_place(tmp_path):
                                            (9_999_220_736, "10B"), (0, "0")])
 def test_token_ticks_read_as_people_say_them(tokens, label):
     assert tokens_label(tokens) == label
+
+
+def test_every_reference_line_says_what_data_it_was_measured_on():
+    from gpt2.reference_lines import HELLASWAG_GPT2, LOSS_REFERENCES
+
+    measured_on = {"fineweb": "FineWeb val", "openwebtext": "OpenWebText val"}
+    for dataset, references in LOSS_REFERENCES.items():
+        assert all(measured_on[dataset] in r.label for r in references), references
+    assert "HellaSwag validation, 10,042 items" in HELLASWAG_GPT2.label
+
+
+def test_format_sample_scores_get_a_panel_of_their_own_and_the_benchmarks_line_goes_with_its_panel():
+    sample = RunCurves("k" * 32, "smoke-kkk", 256, {"val/loss": [(4, 9.0)], "hellaswag/acc_norm": [(4, 0.3)]},
+                       evaluated=[(4, 0.32)], stage="train", hellaswag_sample=True, hellaswag_items=31,
+                       evaluated_stderr={4: 0.085})
+    alone = figure_data([sample])
+    assert [p.key for p in alone.panels()] == ["val_loss", "hellaswag_sample"]
+    assert alone.line("hellaswag_sample", sample.run_id, source="evaluate").errors == (0.085,)
+    assert alone.line("hellaswag_sample", sample.run_id).errors == (pytest.approx((0.3 * 0.7 / 30) ** 0.5),)
+    assert alone.references == ()  # no panel of the benchmark: no GPT-2 line
+    beside = figure_data([A, sample])  # A scored the benchmark: both panels, GPT-2's line on A's
+    assert [p.key for p in beside.panels()] == ["val_loss", "hellaswag", "hellaswag_sample"]
+    assert [r.panel for r in beside.references] == ["hellaswag"]
+    # No HellaSwag at all: the benchmark's panel, empty but for its line, says what is missing.
+    assert [p.key for p in figure_data([B]).panels()] == ["val_loss", "hellaswag"]
+
+
+def test_the_hellaswag_axis_spans_chance_to_above_the_reference_and_every_error_bar():
+    from gpt2.reference_lines import HELLASWAG_GPT2
+    from gpt2.run_comparison import Line
+    from gpt2.run_figure import hellaswag_limits
+
+    zoomed = Line("hellaswag", "a" * 32, "a", "a", "evaluate", (1,), (0.322,), (0.085,))
+    low, high = hellaswag_limits([zoomed], [HELLASWAG_GPT2])
+    assert low <= 0.25 and high > 0.322 + 0.085
+    below_chance = Line("hellaswag", "a" * 32, "a", "a", "train", (1, 2), (0.2, 0.24), ())
+    low, high = hellaswag_limits([below_chance], [HELLASWAG_GPT2])
+    assert low < 0.2 and high > HELLASWAG_GPT2.value
+    assert hellaswag_limits([], [])[0] < 0.25 < hellaswag_limits([], [])[1]

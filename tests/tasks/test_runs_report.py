@@ -12,7 +12,8 @@ from mlflow import MlflowClient
 from gpt2.errors import UserError
 from gpt2.run_comparison import NothingToDraw
 from gpt2.tracking import Tracker, default_tracking_uri
-from tasks.runs_report import _hellaswag_note, experiment_id, make_report, open_store, report_data
+from tasks import runs_report
+from tasks.runs_report import _hellaswag_note, experiment_id, hellaswag_items, make_report, open_store, report_data
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tasks.tracked_runs import evaluate_run, training_run
 
@@ -32,7 +33,7 @@ def store(tmp_path_factory):
     training_run(a, {"val/loss": [(8, 8.25)], "hellaswag/acc_norm": [(8, 0.27)], "spikes/rollback": [(7, 6.0)]},
                  run_id=a_id)
     b_id = training_run(b, {"val/loss": [(5, 9.0), (10, 8.0)], "hellaswag/acc_norm": [(10, 0.28)]})
-    eval_id = evaluate_run(b, step=10, acc_norm=0.3)
+    eval_id = evaluate_run(b, step=10, acc_norm=0.3, stderr=0.2)
     c_id = training_run(c, {"train/loss": [(1, 10.9), (2, 10.7)]})
     return SimpleNamespace(uri=default_tracking_uri(a), root=root, a=a_id, b=b_id, c=c_id, eval=eval_id,
                            config=a)
@@ -51,24 +52,30 @@ def test_two_runs_are_drawn_the_third_is_named_as_skipped(store, tmp_path):
     # Tokens are steps x train.total_batch_tokens; a step logged again on resume counts once, as last logged.
     assert data.line("val_loss", store.a).tokens == (1024, 2048)
     assert data.line("val_loss", store.a).values == (9.5, 8.25)
-    assert data.line("hellaswag", store.a).values == (0.25, 0.27)
+    # tiny_config is smoke's: its HellaSwag is the format sample, drawn on a panel of its own (which says
+    # what the sample is), 4 items of it (the legend says so).
+    assert data.line("hellaswag_sample", store.a).values == (0.25, 0.27)
     assert (data.line("val_loss", store.b).tokens, data.line("val_loss", store.b).values) == ((2560, 5120), (9.0, 8.0))
-    assert (data.line("hellaswag", store.b).tokens, data.line("hellaswag", store.b).values) == ((5120,), (0.28,))
-    # The evaluate stage's lm-eval score of B's step-10 checkpoint, at the tokens B had trained.
-    final = data.line("hellaswag", store.b, source="evaluate")
-    assert (final.tokens, final.values) == ((5120,), (0.3,))
-    assert data.line("hellaswag", store.a, source="evaluate") is None
-    # tiny_config is smoke's: its HellaSwag is the format sample (4 items of it), and the legend says so.
-    assert data.line("hellaswag", store.a).label.endswith("[builtin:format-sample, not the benchmark; first 4 items]")
+    sample_b = data.line("hellaswag_sample", store.b)
+    assert (sample_b.tokens, sample_b.values) == ((5120,), (0.28,))
+    # The evaluate stage's lm-eval score of B's step-10 checkpoint, at the tokens B had trained, with its stderr.
+    final = data.line("hellaswag_sample", store.b, source="evaluate")
+    assert (final.tokens, final.values, final.errors) == ((5120,), (0.3,), (0.2,))
+    assert data.line("hellaswag_sample", store.a, source="evaluate") is None
+    assert data.line("hellaswag", store.a) is None
+    assert data.line("hellaswag_sample", store.a).label.endswith("[first 4 items]")
+    # In-loop points: the standard error of an accuracy over the 4 items scored, as lm-eval computes it.
+    assert sample_b.errors == (pytest.approx((0.28 * 0.72 / 3) ** 0.5),)
     assert "[" not in data.line("val_loss", store.a).label
     # The third run: named, on both panels, with what it lacks.
     assert [(s.run_id, s.panel) for s in data.skipped] == [(store.c, "val_loss"), (store.c, "hellaswag")]
     assert [r["run_id"] for r in report["runs"]] == [store.a, store.b]
+    assert [x["last_stderr"] for x in report["lines"] if x["source"] == "evaluate"] == [0.2]
     assert {(s["run_id"], s["panel"]) for s in report["skipped"]} == {(store.c, "val_loss"), (store.c, "hellaswag")}
     assert all("val/loss" in s["reason"] or "hellaswag/acc_norm" in s["reason"] for s in report["skipped"])
-    # Smoke's data (Python's docs) has no published loss: HellaSwag's line only (an OWT run's below).
-    assert {(r["panel"], r["value"]) for r in report["references"]} == {("hellaswag", 0.311)}
-    assert all("GPT-2 124M" in r["label"] for r in report["references"])
+    # Smoke's data (Python's docs) has no published loss (an OWT run's below), and a score on the format
+    # sample is not drawn against GPT-2's benchmark figure: no reference line at all.
+    assert report["references"] == []
 
 
 def test_an_openwebtext_run_is_drawn_against_nanogpts_figures(tmp_path):
@@ -109,7 +116,7 @@ def test_an_evaluate_run_counts_only_for_the_run_directory_it_evaluated(tmp_path
     evaluate_run(here, step=8, acc_norm=0.3)
     evaluate_run(elsewhere, step=4, acc_norm=0.9)
     monkeypatch.chdir(tmp_path / "later")  # the report drawn from another directory
-    final = _data(SimpleNamespace(uri=uri), [run_id]).line("hellaswag", run_id, source="evaluate")
+    final = _data(SimpleNamespace(uri=uri), [run_id]).line("hellaswag_sample", run_id, source="evaluate")
     assert (final.tokens, final.values) == ((8 * 256,), (0.3,))
 
 
@@ -144,8 +151,21 @@ def test_a_limited_or_sample_hellaswag_is_noted_from_the_runs_eval_params():
     hub = "hf://datasets/Rowan/hellaswag"
     assert _hellaswag_note({"eval.hellaswag_source": hub, "eval.limit": "None"}) is None
     assert _hellaswag_note({"eval.hellaswag_source": hub, "eval.limit": "1000"}) == "first 1000 items"
-    assert _hellaswag_note({"eval.hellaswag_source": "builtin:format-sample", "eval.limit": "8"}) == (
-        "builtin:format-sample, not the benchmark; first 8 items")
+    # The format sample's panel says what it is; the legend only how much of it.
+    assert _hellaswag_note({"eval.hellaswag_source": "builtin:format-sample", "eval.limit": "8"}) == "first 8 items"
+    assert _hellaswag_note({"eval.hellaswag_source": "gs://b/hs.jsonl", "eval.limit": "None"}) == (
+        "gs://b/hs.jsonl, not the hub's")
+
+
+def test_the_items_behind_an_in_loop_score_follow_the_source_and_limit():
+    from gpt2.hellaswag.items import FORMAT_SAMPLE as SAMPLE_SOURCE, HUB_SOURCES as HUB, load_rows
+
+    assert (runs_report.HUB_SOURCES, runs_report.FORMAT_SAMPLE) == (HUB, SAMPLE_SOURCE)  # copied, kept equal
+    sample = len(load_rows(SAMPLE_SOURCE))
+    assert hellaswag_items({"eval.hellaswag_source": SAMPLE_SOURCE, "eval.limit": "None"}) == sample == 31
+    assert hellaswag_items({"eval.hellaswag_source": SAMPLE_SOURCE, "eval.limit": "4"}) == 4
+    assert hellaswag_items({"eval.hellaswag_source": HUB[1], "eval.limit": "None"}) == 10_042
+    assert hellaswag_items({"eval.hellaswag_source": "gs://b/hs.jsonl", "eval.limit": "None"}) is None
 
 
 def _name(store, run_id: str) -> str:

@@ -24,9 +24,12 @@ def training_run(config: Config, metrics: dict[str, list[tuple[int, float]]], ru
     return tracker.run_id
 
 
-def evaluate_run(config: Config, step: int, acc_norm: float) -> str:
-    """The evaluate stage's run for the checkpoint of `config`'s run at `step`."""
+def evaluate_run(config: Config, step: int, acc_norm: float, stderr: float | None = None) -> str:
+    """The evaluate stage's run for the checkpoint of `config`'s run at `step`
+    (with lm-eval's acc_norm_stderr when given, as the stage logs it)."""
     ref = CheckpointRef(layout.checkpoint_dir(layout.run_dir(config), step), step, "0" * 64)
+    metrics = {"hellaswag/acc": acc_norm - 0.02, "hellaswag/acc_norm": acc_norm}
+    metrics.update({"hellaswag/acc_norm_stderr": stderr} if stderr is not None else {})
     with stage_run(config, f"eval-{ref.run_name}-{ref.step_name}", "evaluate", tags=checkpoint_tags(ref)) as tracker:
-        tracker.log_metrics({"hellaswag/acc": acc_norm - 0.02, "hellaswag/acc_norm": acc_norm}, step=step)
+        tracker.log_metrics(metrics, step=step)
     return tracker.run_id
