@@ -1,0 +1,108 @@
+"""Ctrl-C as a terminal delivers it: SIGINT to the whole foreground process
+group (the command, Prefect's temporary server, the trainer) in the data
+stage, in training and in evaluation of `gpt2 run`. Each ends within seconds
+(measured and printed, never a threshold) with one line saying what was kept,
+leaves nothing running, and the rerun continues: training from the checkpoint
+its Ctrl-C wrote (#46 item 1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 900  # a hang guard: a command that never starts or never stops
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ctrl-c")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(HOME=str(base / "home"), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    (base / "home").mkdir()
+    args = ["run", "--preset", "smoke", "--set", f"runtime.root={base / 'root'}",
+            "--set", f"runtime.work_dir={base / 'work'}", "--set", "runtime.tokenize_part_tokens=2000"]
+    # Cheap steps, long enough for a Ctrl-C to land in training; only the Ctrl-C and the end checkpoint.
+    for key, value in {"train.max_steps": 150, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
+                       "train.checkpoint_every": 10_000, "train.eval_every": 10_000, "train.sample_every": 10_000,
+                       "eval.every_steps": 0}.items():
+        args += ["--set", f"{key}={value}"]
+    return {"base": base, "env": env, "args": args}
+
+
+def _ctrl_c_when(place, ready) -> tuple[subprocess.CompletedProcess, float, str]:
+    """Run `gpt2 run`, send SIGINT to its process group once `ready(output)`; the
+    exit code, the seconds from the signal to the exit, and the output."""
+    out_path = place["base"] / f"out-{time.monotonic_ns()}.txt"
+    with open(out_path, "w") as out:
+        # A terminal's foreground command: its own process group, Ctrl-C not ignored (a test runner's
+        # worker may ignore SIGINT, and Python keeps an ignored SIGINT ignored in its children).
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *place["args"]], cwd=REPO, env=place["env"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ready(out_path.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, out_path.read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    proc.wait(timeout=TIMEOUT_S)
+    return proc.returncode, time.monotonic() - sent, out_path.read_text()
+
+
+def _nothing_left(place) -> list[str]:
+    """Processes of this test's commands still running (the server, a trainer, a tokenizer)."""
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.environ().get("HOME") == place["env"]["HOME"]:
+                left.append(" ".join(proc.info["cmdline"] or []))
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return left
+
+
+def _assert_stopped(place, code: int, seconds: float, out: str, stage: str) -> None:
+    print(f"Ctrl-C in {stage}: the command ended {seconds:.1f} s after the signal")
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert code == 130, out[-3000:]
+    assert lines[-1].startswith("error: stopped by Ctrl-C; work done so far is kept"), out[-3000:]
+    assert "Traceback" not in out and "Connection refused" not in out, out[-3000:]
+    time.sleep(1)
+    assert _nothing_left(place) == []
+
+
+def test_ctrl_c_in_each_stage_stops_in_seconds_and_the_rerun_continues(place):
+    from gpt2.checkpoint import store
+    from gpt2.overrides import resolve_config
+
+    config = resolve_config("smoke", [a for a in place["args"][3:] if a != "--set"])
+    _assert_stopped(place, *_ctrl_c_when(place, lambda out: "Task run 'tokenize" in out), "the data stage")
+
+    run_dir = Path(str(place["base"] / "root" / "runs"))
+    code, seconds, out = _ctrl_c_when(place, lambda out: any(run_dir.glob("*/lease/*")))
+    _assert_stopped(place, code, seconds, out, "training")
+    latest = store.latest_checkpoint(config)
+    assert latest and "stopped by Ctrl-C after step" in out
+    stopped = int(latest.rsplit("_", 1)[1])
+    assert 0 < stopped < config.train.max_steps
+
+    code, seconds, out = _ctrl_c_when(place, lambda out: "evaluating file://" in out)
+    _assert_stopped(place, code, seconds, out, "evaluation")
+    assert f"resuming from {latest} (step {stopped})" in out
+
+    done = subprocess.run([sys.executable, "-m", "cli.main", *place["args"]], cwd=REPO, env=place["env"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pipeline finished (cached stages: data, train)" in done.stdout, done.stdout
