@@ -29,8 +29,10 @@ from gpt2.secrets import redact
 
 log = logging.getLogger(__name__)
 
-# The MLflow 3 UI opens an experiment on the view its kind names (untagged: the GenAI overview, not the runs).
+# The experiment's kind as MLflow's UI sets it when a user picks one: an ML, not a GenAI, experiment.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow 3.17's UI mode: the link's `workflowType`, else localStorage (GenAI until switched), never the tag.
+UI_MODE_QUERY = "workflowType=machine_learning"
 MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MAX_PARAM_CHARS = 1000, 100, 6000  # MLflow's log_batch limits
 
 
@@ -54,17 +56,16 @@ def answers(uri: str) -> float:
 
 
 def ui_link(uri: str, experiment_id: str | None, run_id: str | None = None) -> str:
-    """Where a person opens the experiment's runs table (or one run) in the MLflow UI: MLflow 3.17's
-    UI opens a fresh browser on its GenAI view, where a training run is not found at a glance;
-    `#/experiments/<id>/runs` opens the runs table. `mlflow ui` serves a SQLite store at its default."""
+    """The experiment's runs table (or one run) in the MLflow UI, in "Model training" mode (UI_MODE_QUERY;
+    GenAI mode lists a training run under "Evaluation runs"). `mlflow ui` serves SQLite at its default."""
     base = "http://127.0.0.1:5000" if uri.startswith("sqlite:") else redact(uri).rstrip("/")
     if not base.startswith(("http://", "https://")) or experiment_id is None:
         return base
-    return f"{base}/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{base}/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_MODE_QUERY}"
 
 
 def ensure_experiment(client: Any, name: str, artifact_location: str) -> str:
-    """The id of experiment `name`, created (tagged for the runs view) if missing."""
+    """The id of experiment `name`, created if missing, tagged with its kind (EXPERIMENT_KIND)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an earlier release, or by hand

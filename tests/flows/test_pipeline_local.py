@@ -100,7 +100,8 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     for stage, run_id in result["stage_mlflow_run_ids"].items():
         assert run_id, stage
         assert client.get_run(run_id).data.tags.get("mlflow.parentRunId") == parent.info.run_id, stage
-    assert result["mlflow_url"].endswith(f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}")
+    assert result["mlflow_url"].endswith(
+        f"/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning")
 
     # The bill: the training run's on its own MLflow run, the stages added up on the parent's.
     bill = result["bill"]

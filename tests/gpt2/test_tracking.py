@@ -97,17 +97,31 @@ def test_the_experiment_opens_on_its_training_runs(tmp_path):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_an_experiment_made_without_its_kind_gets_it(tmp_path):
+    config = tiny_config(tmp_path)
+    with Tracker(config, "run-j"):  # the store made as the stages make it; then an experiment by hand
+        pass
+    client = MlflowClient(default_tracking_uri(config))
+    by_hand = client.create_experiment("by-hand", artifact_location=str(tmp_path / "elsewhere"))
+    assert "mlflow.experimentKind" not in client.get_experiment(by_hand).tags
+    with Tracker(tiny_config(tmp_path, **{"tracking.experiment": "by-hand"}), "run-k") as t:
+        t.flush(timeout=30)
+    assert t.experiment_id == by_hand
+    assert client.get_experiment(by_hand).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_links_open_the_runs_table_or_the_run_itself(tmp_path):
     config = tiny_config(tmp_path)
     with Tracker(config, "run-l") as t:
         t.flush(timeout=30)
     run = MlflowClient(default_tracking_uri(config)).get_run(t.run_id)
     assert t.experiment_id == run.info.experiment_id
-    # A SQLite store: where `mlflow ui` serves it; a server: its own address, never its password.
+    # A SQLite store: where `mlflow ui` serves it; a server: its own address, never its password. Both in
+    # "Model training" mode: MLflow 3.17's UI reads it from the link (a fresh browser opens GenAI mode).
     assert ui_link(t.uri, t.experiment_id, t.run_id) == (
-        f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{t.run_id}")
+        f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{t.run_id}?workflowType=machine_learning")
     server = "https://user:secret@mlflow.example.com/"
-    expected = f"https://user:***@mlflow.example.com/#/experiments/{t.experiment_id}/runs"
+    expected = f"https://user:***@mlflow.example.com/#/experiments/{t.experiment_id}/runs?workflowType=machine_learning"
     assert ui_link(server, t.experiment_id) == expected
     with Tracker(config, "run-l", run_id=t.run_id) as again:  # a reopened run knows its experiment too
         again.flush(timeout=30)
