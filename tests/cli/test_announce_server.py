@@ -26,7 +26,10 @@ def test_the_environment_is_named_when_it_sets_the_server(monkeypatch, capsys):
 
 
 def test_a_temporary_server_is_not_announced(monkeypatch, capsys):
+    from prefect.settings import temporary_settings
+
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    with use_profile(Profile(name="ephemeral", settings={})):
+    # Restored: a worker that started the session's test server (prefect_server) has its URL set.
+    with use_profile(Profile(name="ephemeral", settings={})), temporary_settings(restore_defaults={PREFECT_API_URL}):
         assert announce_server() is None
     assert capsys.readouterr().err == ""

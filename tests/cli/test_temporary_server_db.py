@@ -18,7 +18,9 @@ SETTING = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 def test_the_temporary_servers_database_is_the_work_dirs_and_a_users_own_is_left_alone(tmp_path, monkeypatch):
     config = resolve_config("smoke", {"runtime.work_dir": str(tmp_path / "work")}, root=str(tmp_path / "root"))
     monkeypatch.delenv(SETTING, raising=False)  # restored after the test, whatever the function set
-    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_HOME: str(tmp_path / "home")}):
+    # Defaults restored: a worker that started the session's test server (prefect_server) has its own set.
+    with temporary_settings(restore_defaults={PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL},
+                            updates={PREFECT_HOME: str(tmp_path / "home")}):
         temporary_server_database(config)
     assert os.environ.pop(SETTING) == f"sqlite+aiosqlite:///{tmp_path / 'work' / 'prefect.db'}"
     assert (tmp_path / "work" / "prefect.db").stat().st_size > 0  # a migrated copy, not an empty file
