@@ -113,18 +113,23 @@ def temporary_server_outlives_ctrl_c() -> None:
     terminal's Ctrl-C (SIGINT to the whole foreground process group) reaches
     the command and its trainer but not the server their flows report to: it
     stays up while they stop (a checkpoint, the runs' final states) and is
-    stopped last, by Prefect's own exit handler, as on any other exit."""
+    stopped last, by Prefect's own exit handler, as on any other exit; if
+    this process dies without one (SIGKILL), the server is told to stop."""
     import subprocess
 
     from prefect.server.api import server
+
+    from gpt2.child_process import terminate_with_parent
 
     run = server.SubprocessASGIServer._run_uvicorn_command
     if getattr(run, "own_session", False):
         return
 
     def in_own_session(self):
+        # Out of the terminal's process group, so tied to this process another way: it gets SIGTERM
+        # when we die, even by SIGKILL or a closed terminal's SIGHUP, and never outlives us.
         popen = subprocess.Popen
-        subprocess.Popen = functools.partial(popen, start_new_session=True)
+        subprocess.Popen = functools.partial(popen, start_new_session=True, preexec_fn=terminate_with_parent)
         try:
             return run(self)
         finally:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2 import kill_window, layout
+from gpt2.child_process import terminate_with_parent
 from gpt2.config import Config
 from gpt2.distributed import resolve_nproc, visible_gpus
 from gpt2.kill_window import STOP_GRACE_S
@@ -55,17 +56,6 @@ def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_ru
     for key, value in (tags or {}).items():
         cmd += ["--tag", f"{key}={value}"]
     return cmd
-
-
-def terminate_with_parent() -> None:
-    """In a child (torchrun, the preflight), before exec: SIGTERM it when we die (Linux), so
-    torchrun never outlives its flow-run process, even one that was SIGKILLed:
-    the workers then checkpoint and exit instead of training on unowned."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _orchestrated() -> bool:

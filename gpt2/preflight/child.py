@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from gpt2.config import Config
 from gpt2.errors import UserError
-from gpt2.launch.torchrun import terminate_with_parent
+from gpt2.child_process import terminate_with_parent
 
 
 class PreflightFailed(UserError):

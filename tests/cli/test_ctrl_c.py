@@ -106,3 +106,23 @@ def test_ctrl_c_in_each_stage_stops_in_seconds_and_the_rerun_continues(place):
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pipeline finished (cached stages: data, train)" in done.stdout, done.stdout
+
+
+def test_a_command_killed_outright_leaves_no_server_behind(place):
+    """The temporary server is out of the terminal's process group (so Ctrl-C leaves it up until the
+    runs have ended), but never outlives the command: SIGKILL to the command alone stops it too."""
+    out_path = place["base"] / "killed.txt"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", *place["args"]], cwd=REPO, env=place["env"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + TIMEOUT_S
+    while "Beginning flow run" not in out_path.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, out_path.read_text()[-3000:]
+        time.sleep(0.2)
+    assert any("prefect.server" in line for line in _nothing_left(place))  # its server is up
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while (left := _nothing_left(place)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left == []
