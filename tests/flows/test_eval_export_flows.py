@@ -101,6 +101,7 @@ def n_tokens(text: str) -> int:
     return len(get_encoding("gpt2").encode(text, allowed_special="all"))
 
 
+@pytest.mark.e2e  # MLflow's loading and scoring code on a registered export: seconds of the quick tier's budget
 def test_the_registered_model_answers_with_and_without_params_loaded_and_scored(stage, monkeypatch):
     config, args = stage
     result = export_flow(**args)
@@ -137,6 +138,7 @@ def test_the_registered_model_answers_with_and_without_params_loaded_and_scored(
     assert response.status_code == 400 and "max_new_tokens" in response.text
 
 
+@pytest.mark.e2e  # MLflow's loading and scoring code on a registered export: seconds of the quick tier's budget
 def test_a_registered_version_whose_files_are_gone_is_registered_again(stage, caplog):
     import shutil
 

@@ -55,6 +55,7 @@ def test_a_ladder_given_to_gpt2_run_is_refused_before_anything_starts(tmp_path):
     assert not (tmp_path / "root").exists()  # no server, no stage, nothing written
 
 
+@pytest.mark.e2e  # a Prefect server of its own where the worker has none yet
 def test_a_rung_without_its_deployments_is_named_before_any_stage_runs(prefect_server):
     """Against a real Prefect server with no deployments (flows.ladder.check_deployed,
     which the parent runs before its data stage)."""
