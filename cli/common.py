@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import typer
 
+from gpt2 import interrupts
 from gpt2.config import Config
 from gpt2.overrides import ConfigError, resolve_config
 from gpt2.presets import PRESETS
@@ -317,6 +318,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     if unwritable:
         return config, _read_only_answer(entrypoint, config, unwritable, kwargs)
     prefect_env()
+    interrupts.watch()  # a Ctrl-C is kept in mind even where Prefect swallows it (gpt2.interrupts)
     announce_server()
     temporary_server_database(config)
     module, name = entrypoint.split(":")

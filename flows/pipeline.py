@@ -24,7 +24,7 @@ from prefect.runtime import deployment, flow_run
 from flows.entry import flow_main
 from flows.stages import run_stage_deployment, stage_overrides
 from flows.summary import where_things_are
-from gpt2 import bill, ladder, layout, storage
+from gpt2 import bill, interrupts, ladder, layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
 from gpt2.overrides import resolve_config
@@ -72,6 +72,7 @@ def check_ladder(config: Config) -> None:
 
 
 def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id: str | None) -> dict[str, Any]:
+    interrupts.stop_if_requested()  # a Ctrl-C Prefect swallowed as the last stage ended stops here
     if deployment.id:  # on the work pools: each stage as its own deployment
         stage_params = {**params, "overrides": stage_overrides(config, params["overrides"]),
                         "parent_run_id": parent_run_id}

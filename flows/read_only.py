@@ -124,7 +124,7 @@ def export(config: Config, checkpoint: str | None = "latest") -> dict[str, Any]:
     config, ref = _ref(config, checkpoint)
     files = recorded(export_checkpoint, config, ref=ref)
     _check(export_complete(files["export_dir"], ref), f"the export {files['export_dir']} is incomplete")
-    entry = recorded(register_model, config, ref=ref)
+    entry = recorded(register_model, config, ref=ref, export=files)  # its key follows the export's model card
     _check(model_version_exists(config, entry["registered_model"], entry["model_version"]),
            f"registered model {entry['registered_model']} v{entry['model_version']} is not in MLflow")
     return {**files, **entry, "cached": True, "read_only": True}

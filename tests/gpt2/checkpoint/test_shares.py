@@ -139,12 +139,12 @@ def test_each_rank_writes_its_share_and_any_setting_loads_the_whole(tmp_path, wo
 @scenario
 def test_the_exports_come_from_a_checkpoint_written_in_shares(tmp_path):
     from gpt2.checkpoint.ref import resolve_checkpoint
-    from gpt2.export.writer import build_local
+    from gpt2.export.writer import build_local, card_facts
 
     assert _run(2, tmp_path, shard=True) == {0: (None, True), 1: (None, True)}
     config = tiny_config(tmp_path)
     ref = resolve_checkpoint(config)
-    files = build_local(ref, tmp_path / "export")
+    files = build_local(ref, tmp_path / "export", card_facts(ref, config.runtime.root))
     assert "hf/model.safetensors" in files and any(n.startswith("llmc/") and n.endswith(".bin") for n in files)
     trained = _trained(config, shard=False)[0].state_dict()
     loaded = store.load_model(ref.url)[0].state_dict()
