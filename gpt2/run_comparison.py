@@ -14,14 +14,13 @@ and panel, so tests check the series rather than pixels. A run that lacks what
 a panel needs is named in `FigureData.skipped`, never drawn as an empty line.
 
     data = figure_data(runs)
-    draw(data, Path("report.png"), caption="experiment gpt2 at sqlite:///…")
+    draw_figure(data, Path("report.png"), caption="experiment gpt2 at sqlite:///…")  # gpt2.run_figure
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 from gpt2.errors import UserError
@@ -227,10 +226,3 @@ def tokens_label(tokens: float, _pos: object = None) -> str:
         if abs(tokens) >= scale:
             return f"{tokens / scale:.3g}{suffix}"
     return f"{tokens:.3g}"
-
-
-def draw(data: FigureData, path: Path, caption: str = "") -> Path:
-    """The panels as one PNG at `path` (gpt2.run_figure)."""
-    from gpt2.run_figure import draw_figure
-
-    return draw_figure(data, path, caption)

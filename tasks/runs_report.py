@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from gpt2 import layout
 from gpt2.errors import UserError
-from gpt2.run_comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, draw, figure_data
+from gpt2.run_comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, figure_data
+from gpt2.run_figure import draw_figure
 from gpt2.reference_lines import HELLASWAG_ITEMS, dataset_of
 from gpt2.secrets import redact
 from gpt2.tracking import Tracker
@@ -239,7 +240,7 @@ def make_report(uri: str, experiment: str, selectors: Sequence[str], out: Path, 
     for skip in data.skipped:
         log.warning("%s", skip.describe())
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    draw(data, out, caption=f"experiment {experiment} at {redact(uri)}, drawn {stamp}")
+    draw_figure(data, out, caption=f"experiment {experiment} at {redact(uri)}, drawn {stamp}")
     if parent_run_id:
         client.log_artifact(parent_run_id, str(out))
     return summary(data, out, experiment, uri, parent_run_id)

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture
 def saved_figures(monkeypatch) -> list:
-    """Every matplotlib Figure saved while the test runs (gpt2.run_comparison.draw's PNG),
+    """Every matplotlib Figure saved while the test runs (gpt2.run_figure.draw_figure's PNG),
     laid out as saved, for window extents."""
     from matplotlib.figure import Figure
 

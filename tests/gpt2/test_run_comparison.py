@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpt2.run_comparison import REFERENCES, FigureData, NothingToDraw, RunCurves, draw, figure_data, tokens_label
+from gpt2.run_comparison import REFERENCES, FigureData, NothingToDraw, RunCurves, figure_data, tokens_label
+from gpt2.run_figure import draw_figure as draw
 
 A = RunCurves("a" * 32, "smoke-aaa", 256, {"val/loss": [(4, 9.5), (8, 8.25)], "hellaswag/acc_norm": [(8, 0.25)]},
               stage="train")
