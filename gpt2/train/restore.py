@@ -1,23 +1,16 @@
 """Reading a checkpoint back into a training session: rank 0's checkpoint
 shared with every rank, its state folded with the rollbacks recorded beside
-it (gpt2.train.rollback), and put into a running session (a rollback); the
-RNG states a checkpoint keeps."""
+it (gpt2.train.rollback); the RNG states a checkpoint keeps. Putting one back
+into a running session (a rollback) is gpt2.train.spike_actions.restore."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from gpt2.checkpoint import store
-from gpt2.checkpoint.optim_load import rank_state
 from gpt2.distributed import DistEnv, broadcast_bytes, control_group
 from gpt2.train import rollback
-from gpt2.train.optim import load_state
-
-if TYPE_CHECKING:
-    from gpt2.train.session import Session
 
 
 def shared_checkpoint(ckpt: store.Checkpoint | None, error: Exception | None,
@@ -49,15 +42,6 @@ def shared_checkpoint(ckpt: store.Checkpoint | None, error: Exception | None,
         ckpt.files = None  # decoded and sent: no second copy in memory
         ckpt.state = rollback.folded(ckpt.state, records)
     return ckpt
-
-
-def restore(session: Session, ckpt: store.Checkpoint) -> None:
-    """Put a checkpoint (from `shared_checkpoint`) back into a running session:
-    weights, optimizer state, RNG and data position, on every rank."""
-    store.load_weights(session.raw_model, ckpt.model)
-    load_state(session.optimizer, rank_state(ckpt.url, ckpt.entries, session.optimizer, session.env))
-    restore_rng(ckpt.rng, session.env.device)
-    session.loader.load_state_dict(ckpt.state["loader"])
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:

@@ -10,13 +10,23 @@ import logging
 
 from gpt2 import storage
 from gpt2.checkpoint import catalog, store
+from gpt2.checkpoint.optim_load import rank_state
 from gpt2.train import rollback
-from gpt2.train.restore import restore, shared_checkpoint
-from gpt2.train.session import TrainingError
+from gpt2.train.optim import load_state
+from gpt2.train.restore import restore_rng, shared_checkpoint
+from gpt2.train.session import Session, TrainingError
 from gpt2.train.spikes import Spikes, Verdict
 
 log = logging.getLogger(__name__)
 
+
+def restore(session: Session, ckpt: store.Checkpoint) -> None:
+    """Put a checkpoint (from `shared_checkpoint`) back into a running session:
+    weights, optimizer state, RNG and data position, on every rank."""
+    store.load_weights(session.raw_model, ckpt.model)
+    load_state(session.optimizer, rank_state(ckpt.url, ckpt.entries, session.optimizer, session.env))
+    restore_rng(ckpt.rng, session.env.device)
+    session.loader.load_state_dict(ckpt.state["loader"])
 
 
 def tell(loop, event: dict) -> None:
