@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import ValidationError
 
 from gpt2.config_base import Section as _Section
+from gpt2.config_checks import cross_field_errors
 # The data and train sections live in modules of their own; they are part of this tree.
 from gpt2.config_data import DataConfig
 from gpt2.config_train import TrainConfig
@@ -252,10 +254,6 @@ class Config(_Section):
     def _checked_across_sections(self) -> "Config":
         # Every check that reads more than one field (gpt2.config_checks),
         # reported together, each value shown redacted.
-        from pydantic_core import ValidationError
-
-        from gpt2.config_checks import cross_field_errors
-
         errors = cross_field_errors(self)
         if errors:
             raise ValidationError.from_exception_data("Config", errors)

@@ -17,14 +17,11 @@ included.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gpt2.secrets import URL_FIELDS, redact, url_has_credentials
-
-if TYPE_CHECKING:
-    from gpt2.config import Config
 
 ROOT_SCHEMES = ("file", "gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "memory")
 """Artifact-root schemes the project supports (local disk, GCS, S3, Azure, fsspec's in-memory store)."""
@@ -45,7 +42,10 @@ def root_schemes() -> set[str]:
     return set(ROOT_SCHEMES) | {p for p in registry if p not in known_implementations}
 
 
-def cross_field_errors(config: Config) -> list[InitErrorDetails]:
+def cross_field_errors(config: Any) -> list[InitErrorDetails]:
+    """The problems of a whole config (its sections as attributes), each a pydantic
+    error on its own field. Called by the config's own validator, so this module
+    reads the sections by name and never imports the config's class."""
     values = {f: getattr(getattr(config, f.split(".")[0]), f.split(".")[1]) for f in URL_FIELDS}
     errors = [InitErrorDetails(type=CREDENTIALS, loc=tuple(f.split(".")), input=redact(v))
               for f, v in values.items() if url_has_credentials(v)]
