@@ -5,6 +5,7 @@
     gpt2 plan --preset gpt2-1558m --gpu H100 --gpus 8     # which memory savers it needs
     gpt2 plan --run fineweb-edu-10B-1a2b3c4d5e6f --gpu H100 --gpus 8   # the estimate beside what the run measured
     gpt2 plan --preset gpt2-124m --gpu H100 --set runtime.gpu_pools=gpu-spot:1.1:600:3,gpu:3.9   # each rung's cost
+    gpt2 plan --preset gpt2-124m --gpu T4          # a free tier's card: fp16, days, 9-hour sessions
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def plan(
     preset: str = PresetOpt,
     sets: Optional[list[str]] = SetOpt,
     root: Optional[str] = RootOpt,
-    gpu: str = typer.Option("H100", "--gpu", help="GPU model, e.g. H100, H200, A100-40GB, A100-80GB, L4, L40S."),
+    gpu: str = typer.Option("H100", "--gpu", help="GPU model, e.g. H100, H200, A100-40GB, A100-80GB, L4, L40S, "
+                            "A10G, RTX4090, RTX3090, V100-16GB, V100-32GB, T4, P100."),
     gpus: Optional[int] = typer.Option(
         None, "--gpus", help="GPUs training together (default: runtime.nproc_per_node when a number, else 1; "
         "with --run, the devices the run trained on)."),
@@ -36,6 +38,9 @@ def plan(
         None, "--run", help="A trained run (its name under the root's runs/, or its directory URL): plan with its "
         "settings and print what it measured beside the estimate. Without it, the preset's own run is shown "
         "beside the plan once it has trained."),
+    session_hours: float = typer.Option(
+        9.0, "--session-hours", help="A session limit to count the run in (Kaggle's 9 h; Colab's free tier up to "
+        "12 h): how many sessions, each resuming from the last checkpoint."),
     as_json: bool = JsonOpt,
 ) -> None:
     """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
@@ -50,7 +55,7 @@ def plan(
         if run:
             config = plan_actual.run_config(config, run)
             count = gpus or plan_actual.devices_of(config, run) or count
-        result = make_plan(config, gpu, count, price, mfu, list_source)
+        result = make_plan(config, gpu, count, price, mfu, list_source, session_hours)
         result["actual"] = plan_actual.compare(config, result, run, plan_actual.price_per_device(config, price, count))
     except UserError as err:
         fail(str(err))
@@ -60,6 +65,16 @@ def plan(
     if result["actual"] is not None:
         text += "\n" + plan_actual.describe(result["actual"], result["steps"])
     emit(result, as_json, text)
+
+
+def _redo(p: dict[str, Any]) -> str:
+    if p["redo_hours_per_session"] <= 0.5:
+        return ""
+    return f"; train.checkpoint_every={p['checkpoint_every_quarter_hour']} redoes at most ~15 min"
+
+
+def _days(hours: float) -> str:
+    return f" (~{hours / 24:,.1f} days)" if hours >= 48 else ""
 
 
 def _gb(n: float) -> str:
@@ -88,8 +103,10 @@ def describe(p: dict[str, Any]) -> str:
             else "no --price-per-hour given")
     rows = [
         ("model", f"{p['params'] / 1e6:,.1f}M parameters, {p['flops_per_token'] / 1e9:.2f} GFLOP per token trained"),
-        ("GPUs", f"{p['gpus']} x {p['gpu']} ({p['peak_flops'] / 1e12:,.0f} TFLOP/s dense bf16, "
-                 f"{p['gpu_memory_gib']:g} GiB each)"),
+        ("GPUs", f"{p['gpus']} x {p['gpu']} ({p['peak_flops'] / 1e12:,.1f} TFLOP/s dense {p['precision']}, "
+                 f"{p['gpu_memory_gib']:g} GiB each)".replace(".0 TFLOP", " TFLOP")),
+        ("precision", f"{p['precision']}{' with loss scaling' if p['precision'] == 'fp16' else ''} "
+                      f"({p['precision_why']})"),
         ("tokens", f"{p['tokens']:,} ({p['steps']:,} steps x {p['total_batch_tokens']:,} tokens)"),
         ("micro-batch", micro_line),
         ("memory savers", " + ".join(savers) if savers else "none needed"),
@@ -103,10 +120,15 @@ def describe(p: dict[str, Any]) -> str:
         ("disk, GPU node", f"{_gb(p['disk_gpu_node_bytes'])}: {_gb(p['shard_bytes'])} of shards {node_ckpt}"),
         ("throughput", f"{p['tokens_per_second']:,.0f} tokens/s at {p['assumed_mfu']:.1%} MFU ({p['mfu_from']})"
          .replace(".0% MFU", "% MFU")),
-        ("time", f"{p['hours']:,.2f} h ({p['validation_passes']} validation passes included)"),
+        ("time", f"{p['hours']:,.2f} h{_days(p['hours'])} ({p['validation_passes']} validation passes included)"),
+        ("sessions", f"{p['sessions']:,} of {p['session_hours']:g} h (a free tier's limit), ~{p['steps_per_session']:,} "
+                     f"steps each; each resumes from the last checkpoint and redoes at most "
+                     f"~{60 * p['redo_hours_per_session']:,.0f} min (train.checkpoint_every)" + _redo(p)),
         ("GPU-hours", f"{p['gpu_hours']:,.2f}"),
         ("cost", cost),
     ]
+    if p["sessions"] == 1:  # a session limit says nothing about a run shorter than one
+        rows = [row for row in rows if row[0] != "sessions"]
     width = max(len(name) for name, _ in rows) + 2
     lines = [f"plan for preset {p['preset']} (estimates, nothing was run)"]
     lines += [f"  {name + ':':<{width}}{value}" for name, value in rows]

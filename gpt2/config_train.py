@@ -79,6 +79,16 @@ class TrainConfig(Section):
     spike_window: int = Field(128, ge=8)
     """Steps of history the spike z-score is measured against (llm.c's 128); nothing
     is judged before the run has trained this many."""
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """The arithmetic of the forward and backward passes (the weights and AdamW's state
+    stay fp32): `auto` picks bf16 on a GPU with native bf16 (compute capability 8.0 and
+    up: A100, H100, L4, A10G, RTX 3090/4090), fp16 with a loss scaler on one without it
+    (T4, V100, P100: torch.amp.GradScaler; the steps it skips for an inf or nan gradient
+    are counted), fp32 on a CPU (exact). `bf16` on a GPU without native bf16 is refused.
+    A runtime setting, like the device: it changes how the same training is computed
+    (the last bits of each sum), not what is trained, so it never enters a fingerprint
+    and a run started on an A100 in bf16 resumes on a T4 in fp16 (gpt2.train.precision;
+    docs: "GPUs you may have")."""
     preflight: bool = True
     """Run `gpt2 preflight` on the training machine before the training flow
     trains (a failed check fails the flow in minutes, not retried or rescheduled);

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpt2.config import Config, DataConfig
+from gpt2.data.sources import builtin_digest
 
 # Bump when a change to the code changes results for the same config, so old
 # caches and shard directories are not reused by mistake.
@@ -59,8 +60,6 @@ def data_identity(config: Config) -> dict:
     if config.data.source.startswith("builtin:"):
         # A built-in sample's text comes from the installed Python: hash it so
         # another Python version never reuses shards made from other text.
-        from gpt2.data.sources import builtin_digest
-
         ident["builtin_digest"] = builtin_digest(config.data.source)
     return ident
 
@@ -99,7 +98,10 @@ OPTIMIZER_KEYS = ("optimizer", "muon_lr", "muon_momentum")
 
 # Settings added later that never change the weights: left out of every
 # identity (the legacy one too), so no run changes its address for them.
-NEVER_IDENTITY_KEYS = ("preflight",)
+# precision: the arithmetic the device computes the same training in, chosen
+# by the hardware as the device is (`auto`): a run moves between a bf16 and an
+# fp16 GPU and keeps its checkpoints (gpt2.train.precision).
+NEVER_IDENTITY_KEYS = ("preflight", "precision")
 
 # The loss-spike keys (gpt2.train.spikes), added after runs were first
 # trained: they change the weights only where a spike changes what is trained

@@ -5,7 +5,8 @@ local disk on the data VM and on the GPU node, the micro-batch `auto` is
 expected to pick with the memory savers it needs (ZeRO-1, activation
 recomputation: runtime.shard_optimizer, runtime.recompute), and the time, GPU-hours and price at an assumed MFU.
 
-Time = FLOPs / (peak dense bf16 FLOP/s × GPUs × MFU), with FLOPs per token from
+Time = FLOPs / (peak dense FLOP/s × GPUs × MFU), the peak of the precision the run
+trains in there (train.precision: bf16, or fp16 on a card without bf16), with FLOPs per token from
 gpt2.model (6·N + 12·L·C·T, the MFU convention of gpt2.train.throughput).
 Counted: the training steps and the validation passes (forward only, a third
 of a training step's FLOPs per token). Not counted: start-up, compilation, the
@@ -15,6 +16,7 @@ micro-batch probe, checkpoint writes, HellaSwag during training, the data stage.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable
 
 import torch
@@ -22,8 +24,8 @@ import torch
 from gpt2 import layout, plan_ladder
 from gpt2.config import Config
 from gpt2.data import disk
+from gpt2.data.download import resolve_source
 from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_documents, file_format, is_remote
-from gpt2.data.sources import resolve as resolve_source
 from gpt2.gpus import Gpu, PlanError, gpu, gpu_of_device  # noqa: F401 (also the plan's own names)
 from gpt2.kill_window import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.model import GPT
@@ -37,6 +39,9 @@ ASSUMED_MFU = 0.4
 """Model FLOPs utilization assumed for the time estimate (llm.c reaches ~40-50% on H100s)."""
 EVAL_FLOPS_FRACTION = 1 / 3  # a forward pass is a third of forward + backward
 CHECKPOINT_BYTES_PER_PARAM = 4 + 8  # fp32 weights + AdamW's two fp32 moments (gpt2.checkpoint.store)
+SESSION_HOURS = 9.0
+"""The session limit the plan counts sessions against: Kaggle's 9 h (Colab's free tier
+gives up to 12 h, usually less); `gpt2 plan --session-hours` sets another."""
 COUNTED = "training steps + validation passes (forward only)"
 NOT_COUNTED = "start-up, compilation, micro-batch probe, checkpoint writes, HellaSwag during training, data stage"
 
@@ -100,8 +105,36 @@ def _mfu(config: Config, g: Gpu, given: float | None) -> tuple[float, str]:
     return ASSUMED_MFU, f"assumed: no measurement of {config.preset} on {g.name} in the GPU records"
 
 
+def plan_precision(config: Config, g: Gpu) -> tuple[str, str]:
+    """(precision, why) the run trains in on `g`, as gpt2.train.precision decides it on the card."""
+    setting = config.train.precision
+    if setting == "bf16" and g.peak_flops is None:
+        raise PlanError(f"train.precision=bf16 but the {g.name} has no native bf16: set train.precision=fp16 "
+                        "(with loss scaling) or auto")
+    if setting != "auto":
+        return setting, f"train.precision={setting}"
+    if g.precision == "bf16":
+        return "bf16", f"auto: the {g.name} has native bf16"
+    return "fp16", f"auto: the {g.name} has no native bf16"
+
+
+def sessions(hours: float, steps: int, checkpoint_every: int, session_hours: float) -> dict[str, Any]:
+    """What a session limit (a free tier's 9 h) means for a run of `hours`: how many
+    sessions, and the most a session that ends between checkpoints redoes (resume
+    continues from the newest checkpoint: train.checkpoint_every steps at most)."""
+    if session_hours <= 0:
+        raise PlanError(f"--session-hours must be positive, got {session_hours}")
+    step_hours = hours / steps if steps else 0.0
+    return {"session_hours": session_hours, "sessions": max(1, math.ceil(hours / session_hours)),
+            "steps_per_session": int(session_hours / step_hours) if step_hours else steps,
+            "redo_hours_per_session": min(checkpoint_every, steps) * step_hours,
+            # A session limit kills without a SIGTERM checkpoint: this interval redoes at most a quarter hour.
+            "checkpoint_every_quarter_hour": max(1, int(0.25 / step_hours)) if step_hours else checkpoint_every}
+
+
 def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: float | None = None,
-              mfu: float | None = None, list_source: bool = False) -> dict[str, Any]:
+              mfu: float | None = None, list_source: bool = False,
+              session_hours: float = SESSION_HOURS) -> dict[str, Any]:
     """The plan as a JSON-able dict (bytes in bytes, time in hours, cost in the
     price's currency, None without a price)."""
     if gpus < 1:
@@ -112,6 +145,7 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     if price_per_hour is not None and price_per_hour < 0:
         raise PlanError(f"--price-per-hour must not be negative, got {price_per_hour}")
     g = gpu(gpu_name)
+    precision, precision_why = plan_precision(config, g)
     # train.max_steps=epoch: the root's manifest says how many, else an assumption the plan names.
     steps, steps_from, steps_note = planned_steps(config)
     config = config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
@@ -125,7 +159,7 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     def step_bytes(batch: int, saving: MemorySettings) -> int:
         return estimate_step_bytes(n_params, m.n_layer, m.n_embd, m.vocab_size, batch * m.block_size,
                                    gpus if saving.shard_optimizer else 1, saving.recompute,
-                                   t.optimizer) + estimate_multi_rank_bytes(gpus)
+                                   t.optimizer, precision) + estimate_multi_rank_bytes(gpus)
 
     auto, rt = t.micro_batch_size == "auto", config.runtime
     if auto:
@@ -161,13 +195,18 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
     tokens = t.max_steps * t.total_batch_tokens
     validations = count_every(t.max_steps, t.eval_every)
     flops = flops_per_token * (tokens + EVAL_FLOPS_FRACTION * validations * t.val_steps * t.total_batch_tokens)
-    flops_per_second = g.peak_flops * gpus * mfu
+    peak = g.peak_for(precision)
+    flops_per_second = peak * gpus * mfu
     hours = flops / flops_per_second / 3600
     result = {
         "preset": config.preset,
         "gpu": g.name,
         "gpus": gpus,
-        "peak_flops": g.peak_flops,
+        "peak_flops": peak,
+        "peak_bf16_flops": g.peak_flops,
+        "peak_fp16_flops": g.peak_fp16_flops,
+        "precision": precision,
+        "precision_why": precision_why,
         "gpu_memory_gib": g.memory_gib,
         "assumed_mfu": mfu,
         "mfu_from": mfu_from,
@@ -206,6 +245,7 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "gpu_hours": hours * gpus,
         "price_per_hour": price_per_hour,
         "cost": hours * price_per_hour if price_per_hour is not None else None,
+        **sessions(hours, t.max_steps, t.checkpoint_every, session_hours),
         "counted": COUNTED,
         "not_counted": NOT_COUNTED,
     }

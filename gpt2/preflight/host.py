@@ -17,6 +17,7 @@ from gpt2.checkpoint.lease import Lease
 from gpt2.config import Config
 from gpt2.distributed import DistEnv, resolve_nproc, visible_gpus
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
+from gpt2.train.precision import PrecisionError, attention_kernel, choose_precision, device_caps
 
 TESTED_TORCH = ((2, 11), (2, 13))
 """The torch minor versions CI and the GPU records cover (pyproject: torch>=2.11,<2.14)."""
@@ -64,15 +65,13 @@ def devices(config: Config, env: DistEnv) -> Outcome:
         versions += [f"CUDA {torch.version.cuda}", "driver API " + (_cuda_version(driver) if driver else "unknown")]
         if nccl:
             versions.append(f"NCCL {nccl}")
-        bf16 = torch.cuda.is_bf16_supported()
+        bf16 = torch.cuda.is_bf16_supported(including_emulation=False)  # emulated bf16 has no tensor cores
         figures = {"device": props.name, "gpus": gpus, "gpu_memory_bytes": props.total_memory, "bf16": bf16,
                    "cuda": torch.version.cuda, "nccl": nccl, "driver_api": driver}
         found = f"{gpus} x {props.name} ({props.total_memory / 2**30:.0f} GiB, bf16 {'yes' if bf16 else 'no'})"
         if driver and driver < MIN_DRIVER_CUDA:
             problems.append(f"the NVIDIA driver supports CUDA {_cuda_version(driver)}, below "
                             f"{_cuda_version(MIN_DRIVER_CUDA)}: update the driver")
-        if not bf16:
-            notes.append("no bf16 on this GPU: autocast falls back and MFU figures do not apply")
         if nproc > gpus:
             problems.append(f"runtime.nproc_per_node={rt.nproc_per_node} but this machine shows {gpus} GPU(s): "
                             f"set runtime.nproc_per_node={gpus} or auto")
@@ -87,6 +86,14 @@ def devices(config: Config, env: DistEnv) -> Outcome:
             problems.append(f"runtime.nproc_per_node={rt.nproc_per_node} needs GPUs; this machine has none visible")
     figures["torch"] = torch.__version__
     detail = f"{found}; {', '.join(versions)}, world size {env.world_size}"
+    caps = device_caps(env.device)
+    try:
+        precision = choose_precision(config.train.precision, caps)
+        figures.update(precision=precision.name, precision_why=precision.why,
+                       attention=attention_kernel(caps, precision))
+        detail += f"; trains in {precision.describe()}, attention kernel {figures['attention']}"
+    except PrecisionError as err:
+        problems.append(str(err))
     if problems:
         raise Failed(f"{detail}: " + "; ".join(problems), **figures)
     if notes:

@@ -16,14 +16,15 @@ import torch
 
 from gpt2 import compile_cache
 from gpt2.config import Config
-from gpt2.distributed import DistEnv, amp_dtype
+from gpt2.distributed import DistEnv
 from gpt2.model import GPT
 from gpt2.plan import EVAL_FLOPS_FRACTION, count_every, gpu_of_device, make_plan, model_size
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
 from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import wrap_ddp
-from gpt2.train.session import check_batch_shape, choose_micro_batch, compiled, resolve_compile
+from gpt2.train.precision import LossScaler
+from gpt2.train.session import check_batch_shape, choose_micro_batch, compiled, resolve_compile, resolve_precision
 from gpt2.train.step import Batch, StepContext, find_micro_batch, micro_batch_candidates, train_step, warm_up
 from gpt2.train.throughput import mfu, peak_flops, synchronize
 
@@ -79,7 +80,9 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
     memory.set_cuda_limit(env.device, rt.memory_limit_mb)
     torch.manual_seed(config.train.seed)
     raw = GPT(config.model).to(env.device)
-    ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, rt.memory_limit_mb)
+    precision = resolve_precision(config, env.device)
+    scaler = LossScaler(env.device.type) if precision.scaled else None
+    ctx = StepContext(env, precision.dtype, config.train.grad_clip, rt.memory_limit_mb, scaler)
     try:
         micro, mem = choose_micro_batch(config, raw, seqs, ctx)
     except torch.OutOfMemoryError as err:
@@ -129,7 +132,8 @@ def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> tuple[i
     """The micro-batch the trainer's probe finds fits (None: not even 1), and
     the memory savers it needs set to true where they are `auto` ("" for none)."""
     rt = config.runtime
-    probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
+    probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip, memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb),
+                            ctx.scaler)
 
     def make_opt(shard: bool = False) -> torch.optim.Optimizer:
         return make_optimizer(raw, config.train, ctx.env.device_type, shard)

@@ -186,6 +186,19 @@ class Attempt:
         self.record.setdefault("spikes", []).append(event)
         self._write()
 
+    def precision(self, name: str) -> None:
+        """What train.precision resolved to on this attempt's device (gpt2.train.precision)."""
+        if self.record is not None:
+            self.record["precision"] = name
+
+    def skipped_step(self, step: int) -> None:
+        """fp16's loss scaler skipped `step` (an inf or nan gradient): counted in
+        `skipped_steps`, written with the next heartbeat."""
+        if self.record is None:
+            return
+        self.record["skipped_steps"] = int(self.record.get("skipped_steps") or 0) + 1
+        self.record["last_skipped_step"] = step
+
     def rolled_back(self, steps: int, to_step: int) -> None:
         """A rollback threw away `steps` trained steps; training goes on from `to_step`."""
         if self.record is None:

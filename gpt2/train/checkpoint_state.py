@@ -28,4 +28,7 @@ def checkpoint_state(loop, done: int) -> dict:
         # Copied: the writer thread serializes this while the loop appends.
         "history": {k: [list(p) for p in v] for k, v in loop.history.items()},
         "spikes": loop.spikes.state_dict(),
+        # fp16's loss scaler (gpt2.train.precision): its scale resumes exactly; None in bf16 and fp32.
+        "precision": loop.s.precision.name if loop.s.precision else None,
+        "loss_scaler": loop.s.ctx.scaler.state_dict() if loop.s.ctx.scaler is not None else None,
     }

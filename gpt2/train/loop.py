@@ -62,6 +62,7 @@ class Outcome:
     mlflow_run_id: str | None
     preempted: bool = False
     spikes: dict | None = None  # loss spikes by action (gpt2.train.spikes.Spikes.counts)
+    skipped_steps: int | None = None  # steps fp16's loss scaler skipped (None: no scaler)
 
 
 def _every(done: int, interval: int, last: int) -> bool:
@@ -88,7 +89,9 @@ class Loop:
         self.saved_step = session.start_step
         self.throughput = Throughput()
         self.saved_tps = state.get("tokens_per_second", 0.0)
-        self.peak, self.flops_per_token = peak_flops(session.env.device), session.raw_model.flops_per_token()
+        precision = session.precision.name if session.precision else "bf16"
+        self.peak = peak_flops(session.env.device, precision)
+        self.flops_per_token = session.raw_model.flops_per_token()
         self.log_every = max(1, self.cfg.train.max_steps // 100)
         self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
         self.failures = RankFailures(session.env, self.writer)
@@ -102,6 +105,8 @@ class Loop:
         if session.env.is_main and not state:
             self.tracker.log_params(self.cfg.model_dump(mode="json"))
             self.tracker.log_params({"resolved.runtime": asdict(session.memory)})  # what `auto` chose
+            if session.precision is not None:
+                self.tracker.log_params({"resolved.train.precision": session.precision.name})
             self.tracker.log_dict(self.cfg.model_dump(mode="json"), "config.json")
 
     def run(self) -> Outcome:
@@ -125,7 +130,7 @@ class Loop:
                 self.tracker.close(status)
         return Outcome(self.run_name, last, self._steps_done(), self.train_loss, self.val_loss,
                        self.throughput.tokens_per_second or self.saved_tps, self.tracker.run_id, preempted,
-                       self.spikes.counts())
+                       self.spikes.counts(), self.s.ctx.scaler.skipped if self.s.ctx.scaler is not None else None)
 
     def _train(self) -> bool:
         """The steps, until the last or an agreed stop (True: preempted)."""
@@ -199,7 +204,9 @@ class Loop:
         if failed:
             self.failures.raise_agreed(done)
         self.throughput.add(cfg.total_batch_tokens, dt)
-        verdict = self.spikes.last if keep is not None else self.spikes.judge(done, loss, norm)
+        # fp16: a gradient overflow is the loss scaler's to handle (it skipped the update), not a spike.
+        overflow = self._overflowed(done, loss)
+        verdict = None if overflow else self.spikes.last if keep is not None else self.spikes.judge(done, loss, norm)
         spike = verdict is not None and verdict.spike and not lost  # a lost lease: stopping without writing
         if spike and self.spikes.rolls_back:
             return spike_actions.roll_back(self, verdict, done), agreed
@@ -229,6 +236,17 @@ class Loop:
             self._save(done)
         return done, agreed
 
+    def _overflowed(self, done: int, loss: float) -> bool:
+        """The loss scaler skipped step `done` (an inf or nan gradient, a finite loss)."""
+        scaler = self.s.ctx.scaler
+        if scaler is None or not scaler.last_skipped or not math.isfinite(loss):
+            return False
+        log.info("step %d: an fp16 gradient overflowed; the loss scaler skipped the update and lowered its scale "
+                 "to %g (%d skipped so far)", done, scaler.scale_value, scaler.skipped)
+        if self.attempt is not None:
+            self.attempt.skipped_step(done)
+        return True
+
     def _validate(self, done: int) -> float | None:
         if not _every(done, self.cfg.train.eval_every, self.cfg.train.max_steps):
             return None
@@ -246,6 +264,9 @@ class Loop:
                    "perf/data_wait_s": data_wait}
         if util is not None:
             metrics["perf/mfu"] = util
+        if self.s.ctx.scaler is not None:  # fp16: the loss scale and the steps it skipped so far
+            metrics["train/loss_scale"] = self.s.ctx.scaler.scale_value
+            metrics["train/skipped_steps"] = self.s.ctx.scaler.skipped
         if val is not None:
             metrics["val/loss"] = val
         self.tracker.log_metrics(metrics, step=done)

@@ -57,6 +57,11 @@ class TrainResult:
     spikes: dict | None = None
     """Loss spikes of the run so far, by what was done (train.on_spike): `warned`, `skipped`,
     `rollbacks` (gpt2.train.spikes); the rolled-back timelines' own warnings and skips are not counted."""
+    precision: str | None = None
+    """train.precision as resolved on this device: bf16, fp16 or fp32 (gpt2.train.precision)."""
+    skipped_steps: int | None = None
+    """Optimizer steps fp16's loss scaler skipped for an inf or nan gradient, over the whole run
+    (its checkpoints keep the count); None without a loss scaler (bf16, fp32)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,6 +120,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
         attempt = Attempt.begin(config, env, lease, started, (tags or {}).get("prefect.work_pool"))
         try:
             session = open_session(config, env, fresh, lease, clock)
+            attempt.precision(session.precision.name)
             attempt.resumed(session.start_step, config.train.max_steps)
             warmup = _Warmup(attempt.progress(progress), resolve_compile(config.runtime.compile, env.device), clock,
                              attempt)
@@ -140,5 +146,5 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             world_size=env.world_size, warmup_s=_warmup_s(loop),
             shard_optimizer=session.memory.shard_optimizer, recompute=session.memory.recompute, bill=bill,
             compile_cache=session.compile_cache.status if session.compile_cache else None,
-            spikes=outcome.spikes,
+            spikes=outcome.spikes, precision=session.precision.name, skipped_steps=outcome.skipped_steps,
         )

@@ -23,7 +23,7 @@ from gpt2.config import Config
 from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
 from gpt2.data.shard_source import ShardSource
-from gpt2.distributed import DistEnv, amp_dtype, barrier, control_group
+from gpt2.distributed import DistEnv, barrier, control_group
 from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
@@ -31,6 +31,7 @@ from gpt2.train import memory
 from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.parallel import wrap_ddp
+from gpt2.train.precision import Precision, choose_precision, device_caps, make_scaler
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
 
@@ -61,6 +62,8 @@ class Session:
     """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
     compile_cache: compile_cache.Travel | None = None
     """The compiled program's travel (gpt2.compile_cache); None when not compiling."""
+    precision: Precision | None = None
+    """train.precision as resolved for this device (gpt2.train.precision)."""
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -155,7 +158,7 @@ def choose_micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepCo
         chosen, settings = setting, configured(rt.shard_optimizer, rt.recompute, ctx.env.world_size)
     else:
         probe_ctx = StepContext(ctx.env, ctx.amp, ctx.grad_clip,
-                                memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb))
+                                memory.probe_limit_mb(ctx.env.device, ctx.memory_limit_mb), ctx.scaler)
         found = find_micro_batch(
             raw, lambda shard=False: make_optimizer(raw, config.train, ctx.env.device_type, shard), seqs_per_rank,
             config.model.block_size, config.model.vocab_size, probe_ctx, rt.shard_optimizer, rt.recompute)
@@ -166,6 +169,16 @@ def choose_micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepCo
     log.info("memory settings: runtime.shard_optimizer=%s -> %s, runtime.recompute=%s -> %s",
              rt.shard_optimizer, settings.shard_optimizer, rt.recompute, settings.recompute)
     return chosen, settings
+
+
+def resolve_precision(config: Config, device: torch.device) -> Precision:
+    """train.precision on this device (gpt2.train.precision), said once in the log."""
+    try:
+        precision = choose_precision(config.train.precision, device_caps(device))
+    except ValueError as err:
+        raise TrainingError(str(err)) from err
+    log.info("train.precision=%s: %s", config.train.precision, precision.describe())
+    return precision
 
 
 def resolve_compile(setting: bool | str, device: torch.device) -> bool:
@@ -232,7 +245,9 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
         if ckpt:
             store.load_weights(raw, ckpt.model)
         raw.to(env.device)
-    ctx = StepContext(env, amp_dtype(env.device), config.train.grad_clip, config.runtime.memory_limit_mb)
+    precision = resolve_precision(config, env.device)
+    scaler = make_scaler(precision, env.device, ckpt.state.get("loss_scaler") if ckpt else None)
+    ctx = StepContext(env, precision.dtype, config.train.grad_clip, config.runtime.memory_limit_mb, scaler)
     # The micro-batch probe runs eagerly: compiled, every size it tries would be
     # another compilation. Eager code keeps more activations than fused kernels
     # do, so a size that fits eagerly fits compiled as a rule.
@@ -268,4 +283,5 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     barrier(env)
     return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
                    start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},
-                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem, compile_cache=cache)
+                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem, compile_cache=cache,
+                   precision=precision)

@@ -22,11 +22,13 @@ log = logging.getLogger(__name__)
 
 def restore(session: Session, ckpt: store.Checkpoint) -> None:
     """Put a checkpoint (from `shared_checkpoint`) back into a running session:
-    weights, optimizer state, RNG and data position, on every rank."""
+    weights, optimizer state, RNG, data position and fp16's loss scale, on every rank."""
     store.load_weights(session.raw_model, ckpt.model)
     load_state(session.optimizer, rank_state(ckpt.url, ckpt.entries, session.optimizer, session.env))
     restore_rng(ckpt.rng, session.env.device)
     session.loader.load_state_dict(ckpt.state["loader"])
+    if session.ctx.scaler is not None and ckpt.state.get("loss_scaler"):
+        session.ctx.scaler.load_state_dict(ckpt.state["loss_scaler"])
 
 
 def tell(loop, event: dict) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gpt2.distributed import DistEnv, all_reduce, autocast
 from gpt2.train import memory
 from gpt2.train.optim import local_part, state_bytes
+from gpt2.train.precision import LossScaler
 from gpt2.train.throughput import synchronize
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ class StepContext:
     amp: torch.dtype | None
     grad_clip: float
     memory_limit_mb: int | None = None
+    scaler: LossScaler | None = None
+    """fp16's loss scaler (gpt2.train.precision); None in bf16 and fp32."""
 
 
 def train_step(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -55,8 +59,13 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
     With `keep_update(loss, grad_norm)` that one read comes before the
     optimizer step instead, and the optimizer steps only if it answers True
     (train.on_spike=skip): a dropped update leaves the optimizer state as it
-    was. Every rank reads the same all-reduced numbers, so all agree."""
-    device = ctx.env.device
+    was. Every rank reads the same all-reduced numbers, so all agree.
+
+    With a loss scaler (fp16) the gradients are unscaled before clipping,
+    the scaler steps the optimizer (not at all when a gradient is inf or nan:
+    such a step is the scaler's, not a loss spike, and is not judged by
+    `keep_update`) and updates its scale."""
+    device, scaler = ctx.env.device, ctx.scaler
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
     for i, (x, y) in enumerate(batches):
@@ -64,16 +73,22 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
     # Filled on the device (no host-to-device copy, which would wait for the queued work).
     carried = torch.stack([loss_sum, *(torch.full_like(loss_sum, float(f)) for f in flags())])
     all_reduce(carried, ctx.env)  # the mean: a flag true on any rank stays > 0
+    if scaler is not None:
+        scaler.unscale(optimizer)
     max_norm = ctx.grad_clip if ctx.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
+    step = scaler.step if scaler is not None else (lambda opt: opt.step())
     if keep_update is None:
-        optimizer.step()
+        step(optimizer)
     # The one host sync, for all the numbers, after the optimizer step is queued
     # (before it, where the numbers decide whether it runs).
     loss_value, norm_value, *agreed = torch.cat([carried[:1], norm.to(loss_sum.dtype).reshape(1),
                                                  carried[1:]]).tolist()
-    if keep_update is not None and keep_update(loss_value, norm_value):
-        optimizer.step()
+    overflow = scaler is not None and math.isfinite(loss_value) and not math.isfinite(norm_value)
+    if keep_update is not None and not overflow and keep_update(loss_value, norm_value):
+        step(optimizer)
+    if scaler is not None:
+        scaler.update(norm_value)
     return loss_value, norm_value, [v > 0 for v in agreed]
 
 
@@ -92,7 +107,7 @@ def _forward_backward(model: torch.nn.Module, raw_model: torch.nn.Module, optimi
             _, loss = model(x, y, return_logits=False)
         # The mean over the whole global batch, not the sum of micro-batch means.
         loss = loss / micro_batches
-        loss.backward()
+        (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
     return loss.detach()
 
 
@@ -210,8 +225,11 @@ def _probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
     x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(ctx.env.device)
     with memory.steady_state(model, optimizer, ddp=ctx.env.is_distributed or accumulating), \
             memory.communication_reserve(ctx.env.device, ctx.env.world_size):
+        # A scaler of its own: the run's scale is not moved by the probe's steps.
+        scaler = LossScaler(ctx.env.device.type) if ctx.scaler is not None else None
         train_step(model, model, optimizer, [(x[:, :-1], x[:, 1:])],
-                   StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb))
+                   StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb,
+                               scaler=scaler))
         synchronize(ctx.env.device)
 
 
