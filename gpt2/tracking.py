@@ -102,6 +102,12 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _last_steps(run: Any) -> dict[str, int]:
+    """{metric: the last step the run holds}: MLflow keeps each metric's latest
+    point (the highest step) with the run, so one get_run answers."""
+    return {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", [])}
+
+
 def _prepare_sqlite(uri: str) -> None:
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:///:memory:"):
         path = Path(uri[len("sqlite:///"):])
@@ -146,6 +152,8 @@ class Tracker:
         if parent_run_id:
             self._tags["mlflow.parentRunId"] = parent_run_id
         self._resumed, self._ready, self._client, self._monitor = run_id is not None, False, None, None
+        self._logged_through: dict[str, int] = {}
+        """A resumed run: per metric, the last step it holds (_last_steps)."""
         self.experiment_id: str | None = None
         """Known once MLflow was reached (for links: ui_link)."""
         self._system_metrics, self._close_timeout = system_metrics, close_timeout_s
@@ -153,8 +161,7 @@ class Tracker:
         self._spool: Path | None = None
         if enabled:
             self._spool = Path(tempfile.mkdtemp(prefix="gpt2-tracking-"))
-            self._outbox = Outbox(f"MLflow at {self.safe_uri}", self._connect,
-                                  lambda c, batch: c.log_batch(self.run_id, metrics=batch),
+            self._outbox = Outbox(f"MLflow at {self.safe_uri}", self._connect, self._send_metrics,
                                   batch_size=MAX_METRICS_PER_BATCH, interval_s=flush_interval_s)
             self._outbox.wait_first_attempt(connect_timeout_s)  # so run_id is known up front when MLflow is up
 
@@ -244,6 +251,7 @@ class Tracker:
             self.run_id = run.info.run_id
         else:
             run = client.get_run(self.run_id)
+            self._logged_through = _last_steps(run)
         self.experiment_id = run.info.experiment_id
         self._ready = True
         log.info("MLflow run %s (%s) at %s", self.run_id, "resumed" if self._resumed else "new", self.safe_uri)
@@ -265,6 +273,14 @@ class Tracker:
 
     def _experiment_id(self, client: Any) -> str:
         return ensure_experiment(client, self._experiment, self._artifacts)
+
+    def _send_metrics(self, client: Any, batch: list) -> None:
+        # A resumed run redoes the steps after its checkpoint: the run already
+        # holds what the killed attempt sent of them (the same values: the
+        # resume is exact), so each step of a metric is sent once.
+        fresh = [m for m in batch if m.step > self._logged_through.get(m.key, -1)]
+        if fresh:
+            client.log_batch(self.run_id, metrics=fresh)
 
     def _send_tags(self, client: Any, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag

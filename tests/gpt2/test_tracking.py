@@ -38,6 +38,24 @@ def test_reopening_a_run_continues_its_curves(tmp_path):
     assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, "loss")] == [(1, 2.0), (2, 1.0)]
 
 
+def test_a_resumed_run_logs_each_redone_step_once(tmp_path):
+    """A trainer killed at step 5 resumes from its checkpoint at step 3 and
+    redoes steps 4 and 5: each step of each metric stays in the run once (the
+    first attempt's values: the resume is exact), and the steps after go on."""
+    config = tiny_config(tmp_path)
+    with Tracker(config, "run-r") as first:
+        for step in range(1, 6):
+            first.log_metrics({"loss": 10.0 - step, "lr": 0.1}, step=step)
+    with Tracker(config, "run-r", run_id=first.run_id) as again:
+        for step in range(4, 9):
+            again.log_metrics({"loss": 10.0 - step, "lr": 0.1}, step=step)
+        again.log_metrics({"val": 1.5}, step=8)  # a metric the first attempt never logged
+    client = MlflowClient(default_tracking_uri(config))
+    for key in ("loss", "lr"):
+        assert [m.step for m in client.get_metric_history(first.run_id, key)] == list(range(1, 9)), key
+    assert [m.step for m in client.get_metric_history(first.run_id, "val")] == [8]
+
+
 def test_parent_run_and_artifacts(tmp_path):
     config = tiny_config(tmp_path)
     with Tracker(config, "parent") as parent:
