@@ -46,7 +46,7 @@ def start(name: str, cmd: list[str], env: dict[str, str], cwd: Path, log_dir: Pa
             "cmd": cmd, "log": str(log)}
 
 
-def _process(rec: dict[str, Any]) -> psutil.Process | None:
+def process(rec: dict[str, Any]) -> psutil.Process | None:
     """The recorded process if it is still the same one and not a zombie."""
     try:
         proc = psutil.Process(rec["pid"])
@@ -58,7 +58,7 @@ def _process(rec: dict[str, Any]) -> psutil.Process | None:
 
 
 def alive(rec: dict[str, Any]) -> bool:
-    return _process(rec) is not None
+    return process(rec) is not None
 
 
 def _tree(leader: psutil.Process) -> list[psutil.Process]:
@@ -93,7 +93,7 @@ def stop(rec: dict[str, Any], timeout: float = STOP_S, alone_s: float | None = N
     is for its flow runs' checkpoints: with none left there is nothing to
     wait for). Returns what had to be SIGKILLed (`pid status cmdline`), so a
     slow stop says why."""
-    leader = _process(rec)
+    leader = process(rec)
     if leader is None:
         return []
     procs = _tree(leader)
@@ -103,6 +103,26 @@ def stop(rec: dict[str, Any], timeout: float = STOP_S, alone_s: float | None = N
     _signal(left, signal.SIGKILL)
     _wait_gone(left, 5)
     return forced
+
+
+def stop_leftovers(rec: dict[str, Any], timeout: float = STOP_S) -> list[str]:
+    """Stop what a dead service left in its process group (it was the group's
+    leader: start() gives each service a session of its own), as `stop` would
+    have. Only processes started after the service are signalled: a group id
+    is the leader's pid, which the system may since have given to another.
+    Returns what had to be SIGKILLed."""
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == rec["pid"] and proc.create_time() >= rec["started"] - 0.01:
+                left.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    _signal(left, signal.SIGTERM)
+    forced = _wait_gone(left, timeout)
+    _signal(forced, signal.SIGKILL)
+    _wait_gone(forced, 5)
+    return [_describe(p) for p in forced]
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -174,8 +174,8 @@ def _start_server(state: dict[str, Any], state_dir: Path, env: dict[str, str], a
         _server_env(env, state_dir, port, auth), state_dir, state_dir / "logs"))
 
 
-def _start_mlflow(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -> None:
-    mport = processes.free_port()
+def _start_mlflow(state: dict[str, Any], state_dir: Path, env: dict[str, str], port: int | None = None) -> None:
+    mport = port or processes.free_port()
     state["mlflow_url"] = f"http://127.0.0.1:{mport}"
     store, artifacts = _mlflow_store(state["root"], state_dir)
     state["processes"].append(processes.start(
@@ -189,7 +189,9 @@ def _start_mlflow(state: dict[str, Any], state_dir: Path, env: dict[str, str]) -
         {**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, state_dir, state_dir / "logs"))
 
 
-def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:
+def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str,
+                   pools: list[str] | None = None) -> None:
+    """Start one worker per pool that has one (`pools`: only these)."""
     from gpt2.config import ROOT_ENV
 
     # The worker hands its Prefect settings (auth string included) on to each flow run it starts.
@@ -198,7 +200,7 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], 
                   ROOT_ENV: state["root"],  # deployment runs write under the stack's root
                   deployment_file.PROJECT_DIR_ENV: str(deployment_file.PROJECT_DIR),
                   "PREFECT_WORKER_QUERY_SECONDS": "5"}  # a local stack: pick runs up quickly
-    for pool in _worker_pools(state):
+    for pool in pools or _worker_pools(state):
         # GPU runs send heartbeats for zombie detection. (No `--limit` here: in
         # Prefect 3.8 a worker with a limit dies when a crashed run it still
         # counts comes back rescheduled; the gpu pools' own limit serves instead.)
@@ -311,19 +313,49 @@ def restart_server(state_dir: Path, away_s: float = 0.0) -> dict[str, Any]:
     database after `away_s` seconds, as a platform brings a server back (an
     upgrade, an OOM kill): its clients, workers and running flows keep their
     URL. Returns the new server's process record."""
+    return restart(state_dir, "server", away_s)
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def restart(state_dir: Path, name: str, away_s: float = 0.0) -> dict[str, Any]:
+    """Bring one part of the stack back (`server`, `mlflow` or `worker-<pool>`)
+    as systemd or Kubernetes would: stop what is left of it, wait `away_s`,
+    start it again on the same port, database and pool, wait until it answers.
+    What a dead part left behind in its process group goes too (a server's
+    uvicorn child would hold the port); a dead worker's flow runs, which run
+    in sessions of their own, are left to Prefect, as on a real platform.
+    Returns the new process record."""
     state = read_state(state_dir)
     if state is None:
         raise processes.ServiceError(f"no stack is recorded in {state_dir}")
-    old = _procs(state)["server"]
-    if processes.alive(old):
+    old = _procs(state).get(name)
+    pool = name[len("worker-"):] if name.startswith("worker-") else None
+    if old is None and (pool is None or pool not in _worker_pools(state)):
+        raise processes.ServiceError(f"the stack in {state_dir} has no part named {name!r}; its parts: "
+                                     f"{', '.join(_procs(state))}")
+    if old is not None and processes.alive(old):
         stop_service(old)
+    elif old is not None:
+        processes.stop_leftovers(old)
     time.sleep(away_s)
-    state["processes"] = [p for p in state["processes"] if p["name"] != "server"]
-    port = int(state["prefect_api_url"].rsplit(":", 1)[1].split("/", 1)[0])
-    _start_server(state, state_dir, _base_env(), _auth_string(state_dir), port)
+    state = read_state(state_dir)  # another part may have been restarted meanwhile
+    state["processes"] = [p for p in state["processes"] if p["name"] != name]
+    env, auth = _base_env(), _auth_string(state_dir)
+    if name == "server":
+        _start_server(state, state_dir, env, auth, _port(state["prefect_api_url"]))
+    elif name == "mlflow":
+        _start_mlflow(state, state_dir, env, _port(state["mlflow_url"]))
+    else:
+        _start_workers(state, state_dir, env, auth, [pool])
     _write_state(state_dir, state)
-    new = _procs(state)["server"]
-    processes.wait_http(new, f"{state['prefect_api_url']}/health", SERVER_START_S)
+    new = _procs(state)[name]
+    if name == "server":
+        processes.wait_http(new, f"{state['prefect_api_url']}/health", SERVER_START_S)
+    elif name == "mlflow":
+        processes.wait_http(new, f"{state['mlflow_url']}/health", MLFLOW_START_S)
     return new
 
 

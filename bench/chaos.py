@@ -1,0 +1,371 @@
+"""Kill anything, lose nothing: a seeded fault soak of the whole local stack.
+
+    python -m bench.chaos --seed 7 --faults 50 --json --record --figure chaos.png
+
+Stands up a stack of its own (Prefect server, MLflow server, a worker per
+pool: `gpt2 stack up`), trains the soak's config once without faults (the
+reference), then starts smoke-sized pipelines as a user does (`prefect
+deployment run gpt2/full-pipeline`), each on a root and work dir of its own,
+and while each runs injects faults at moments drawn from the seed
+(bench/chaos_faults.py: SIGKILL, SIGTERM, SIGSTOP-then-SIGCONT of the servers,
+workers, flow runs, the trainer, tokenizer workers; the MLflow server away for
+minutes; the pipeline's disk full). A supervisor brings back a dead server or
+worker after a few seconds, as a platform would; nothing else is helped.
+
+After every pipeline the checker (bench/chaos_checks.py) compares it with
+the reference: completed, weights bit-identical, one MLflow run per stage,
+every metric step once and none missing, one attempt per trainer, nothing
+left running, no lease held, no temporary file. A pipeline the disk-full
+fault failed must say so and complete when rerun.
+
+The last stdout line (--json) is one JSON object: `faults` (count by kind),
+`pipelines`, `pipelines_completed`, `lost`, `duplicates`, `problems`, the
+findings, seed and commit. Exit 0 only when nothing was lost, nothing
+duplicated, every pipeline completed and no other check failed. `--record`
+appends the object to bench/chaos_results.jsonl; `--figure` draws it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench import chaos_checks, chaos_faults
+from bench.records import commit
+
+RESULTS = Path(__file__).with_name("chaos_results.jsonl")
+PROJECT = Path(__file__).resolve().parent.parent
+
+TRAIN = {"train.max_steps": 200, "train.checkpoint_every": 20, "train.eval_every": 10_000,
+         "train.sample_every": 10_000, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
+         "eval.every_steps": 0}
+"""The soak's training: smoke-sized steps (two micro-batches: accumulation is
+exercised), long enough for faults to land mid-training (~40 s of steps on two
+cores), a periodic checkpoint every 20 steps so a SIGKILL redoes some."""
+
+STAGES = ("data", "train", "evaluate", "export")
+
+
+def _say(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def soak_env(base: Path, mark: str) -> dict[str, str]:
+    """The user's environment minus anything that points Prefect or MLflow
+    elsewhere; the soak's own home and stack directory; the mark every
+    process of the soak inherits (how the injector finds its targets)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return {**env, "HOME": str(base / "home"), "XDG_CACHE_HOME": cache, "GPT2_STACK_DIR": str(base / "stack"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            chaos_faults.MARK_ENV: mark}
+
+
+def gpt2(env: dict[str, str], *args: str, timeout: float = 900) -> dict[str, Any]:
+    """One `gpt2` command with --json; its JSON line."""
+    done = subprocess.run([sys.executable, "-m", "cli.main", *args, "--json"], env=env, cwd=PROJECT,
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"gpt2 {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def settings(root: Path, work: Path) -> dict[str, Any]:
+    return {"runtime.root": str(root), "runtime.work_dir": str(work), **TRAIN}
+
+
+def reference_digest(env: dict[str, str], base: Path) -> str:
+    """The soak config trained once, uninterrupted, outside the stack."""
+    sets = [f"{k}={v}" for k, v in {**settings(base / "reference", base / "reference-work"),
+                                    "tracking.enabled": "false"}.items()]
+    args = [a for s in sets for a in ("--set", s)]
+    gpt2(env, "prepare", "--preset", "smoke", *args)
+    result = gpt2(env, "train", "--preset", "smoke", *args)
+    return chaos_checks.digest(result["checkpoint"])
+
+
+def mount_small(path: Path, size_mb: int) -> bool:
+    """A tmpfs of `size_mb` at `path` for one pipeline's root and work dir, so a
+    full disk fills only that (needs the right to mount; False without it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    return done.returncode == 0
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+class Stack:
+    """The soak's stack, through the same calls the tests make."""
+
+    def __init__(self, env: dict[str, str], base: Path, max_reschedules: int):
+        self.env, self.base = env, base
+        self.info = gpt2(env, "stack", "up", "--root", str(base / "roots"), "--max-reschedules",
+                         str(max_reschedules), timeout=600)
+        self.state_dir = Path(self.info["state_dir"])
+
+    def client(self):
+        from cli.stack.prefect_setup import client
+        from cli.stack.services import read_auth
+
+        return client(self.info["prefect_api_url"], read_auth(self.state_dir))
+
+    def start_pipeline(self, params: dict[str, Any]) -> str:
+        done = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "gpt2/full-pipeline",
+                               "--param", "preset=smoke", "--param", f"overrides={json.dumps(params)}"],
+                              env=self.env, cwd=self.base, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"prefect deployment run failed: {done.stdout[-1000:]}{done.stderr[-1000:]}")
+        return re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
+
+    def read(self, run_id: str):
+        """The flow run, or None while the server does not answer (restarting)."""
+        try:
+            with self.client() as c:
+                return c.read_flow_run(run_id)
+        except Exception:  # noqa: BLE001 - a server being restarted by the supervisor
+            return None
+
+    def final(self, run_id: str, timeout: float, crash_grace_s: float = 150.0):
+        """The run once final (a Crashed one gets `crash_grace_s` to be
+        rescheduled by the automation first); None if it is not final in time."""
+        deadline = time.monotonic() + timeout
+        crashed_at = None
+        while time.monotonic() < deadline:
+            run = self.read(run_id)
+            if run is not None and run.state.is_final():
+                if not run.state.is_crashed():
+                    return run
+                crashed_at = crashed_at or time.monotonic()
+                if time.monotonic() - crashed_at > crash_grace_s:
+                    return run
+            else:
+                crashed_at = None
+            time.sleep(3)
+        return None
+
+    def stage_runs(self, parent_id: str) -> list:
+        with self.client() as c:
+            return [r for r in c.read_flow_runs(limit=200) if (r.idempotency_key or "").startswith(parent_id)]
+
+    def down(self) -> None:
+        try:
+            gpt2(self.env, "stack", "down", timeout=600)
+        except Exception as err:  # noqa: BLE001 - reported, never hiding the soak's result
+            _say(f"stack down failed: {err}")
+
+
+def _pipeline_alive(mark: str, run_ids: set[str]) -> list[str]:
+    left = []
+    for proc in chaos_faults.soak_processes(mark):
+        try:
+            run = proc.environ().get("PREFECT__FLOW_RUN_ID")
+            line = " ".join(proc.cmdline())
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            continue
+        if run in run_ids and ("prefect.engine" in line or "gpt2.train" in line):
+            left.append(f"{proc.pid} {line[:120]}")
+    return left
+
+
+def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
+                 reference: str, faults_left: int) -> dict[str, Any]:
+    """One pipeline under faults, then its checks."""
+    from mlflow import MlflowClient
+
+    from gpt2 import layout
+    from gpt2.checkpoint import store
+    from gpt2.overrides import resolve_config
+
+    place = stack.base / f"pipeline-{i}"
+    small = "disk-full" in injector.kinds and mount_small(place, opts.small_fs_mb)
+    params = settings(place / "root", place / "work")
+    config = resolve_config("smoke", params)
+    disk = chaos_faults.DiskFiller(place) if small else None
+    parent = stack.start_pipeline(params)
+    _say(f"pipeline {i}: flow run {parent}")
+    faults, trainers_seen = [], set()
+    deadline = time.monotonic() + opts.timeout_s
+    for _ in range(min(opts.per_pipeline, faults_left)):
+        wait = injector.rng.uniform(*opts.gap_s)
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
+            time.sleep(0.5)
+        run = stack.read(parent)
+        if run is not None and run.state.is_final() and not run.state.is_crashed():
+            break
+        fault = injector.inject(i, disk)
+        if fault is not None:
+            faults.append(fault)
+    while time.monotonic() < deadline:  # the rest of the run, trainers counted
+        trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
+        run = stack.read(parent)
+        if run is not None and run.state.is_final():
+            break
+        time.sleep(0.5)
+    injector.settle()
+    run = stack.final(parent, max(deadline - time.monotonic(), 60))
+    reruns, outcome = 0, {"parent": parent}
+    if run is not None and not run.state.is_completed() and any(f.kind == "disk-full" for f in faults):
+        outcome["failed_with"] = run.state.message
+        named = any(w in (run.state.message or "").lower() for w in ("disk", "space"))
+        _say(f"pipeline {i} ended {run.state.name} after a full disk ({'names' if named else 'does NOT name'} "
+             f"the disk); rerunning it")
+        reruns, parent = 1, stack.start_pipeline(params)
+        outcome["rerun"] = parent
+        run = stack.final(parent, opts.timeout_s)
+        if not named:
+            outcome.setdefault("problems", []).append(["error", f"the failure did not name the disk: "
+                                                                f"{outcome['failed_with']}"])
+    findings = chaos_checks.Findings()
+    if run is None:
+        findings.problems.append(("hung", f"flow run {parent} not final after {opts.timeout_s:.0f} s"))
+    elif not run.state.is_completed():
+        findings.problems.append(("not completed", f"{run.state.name}: {run.state.message}"))
+    findings.problems.extend(tuple(p) for p in outcome.pop("problems", []))
+    run_ids = {outcome["parent"], parent, *(str(r.id) for r in stack.stage_runs(outcome["parent"])),
+               *(str(r.id) for r in stack.stage_runs(parent))}
+    chaos_checks.check_left_running(findings, lambda: _pipeline_alive(injector.mark, run_ids))
+    chaos_checks.check_weights(findings, store.latest_checkpoint(config), reference, config.train.max_steps)
+    client = MlflowClient(stack.info["mlflow_url"])
+    chaos_checks.check_mlflow(findings, client, config.tracking.experiment, parent, STAGES, config.train.max_steps)
+    chaos_checks.check_bill(findings, layout.run_dir(config), len(trainers_seen))
+    chaos_checks.check_lease(findings, layout.run_dir(config))
+    chaos_checks.check_temp_files(findings, place / "root")
+    if small:
+        unmount(place)
+    result = {"pipeline": i, **outcome, "completed": run is not None and run.state.is_completed(),
+              "reruns": reruns, "faults": [vars(f) for f in faults], "trainers": len(trainers_seen),
+              **findings.as_dict()}
+    _say(f"pipeline {i}: {'completed' if result['completed'] else 'NOT completed'}; "
+         f"{len(findings.lost)} lost, {len(findings.duplicates)} duplicated, {len(findings.problems)} problem(s)")
+    for what, detail in findings.lost + findings.duplicates + findings.problems:
+        _say(f"  {what}: {detail}")
+    return result
+
+
+def soak(opts: argparse.Namespace) -> dict[str, Any]:
+    base = Path(opts.dir or tempfile.mkdtemp(prefix="gpt2-chaos-")).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    mark = f"{opts.seed}-{os.getpid()}"
+    env = soak_env(base, mark)
+    rng = random.Random(opts.seed)
+    timing = chaos_faults.Timing(pause_s=opts.pause_s, mlflow_away_s=opts.mlflow_away_s,
+                                 disk_full_s=opts.disk_full_s, restart_delay_s=opts.restart_delay_s)
+    started = time.monotonic()
+    _say(f"seed {opts.seed}: {opts.faults} fault(s) over at least {opts.pipelines} pipeline(s) in {base}")
+    _say("training the reference (no faults)")
+    reference = reference_digest(env, base)
+    _say("standing up the stack")
+    stack = Stack(env, base, opts.max_reschedules)
+    supervisor = chaos_faults.Supervisor(stack.state_dir, timing, _say).start()
+    injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng, tuple(opts.kinds), _say)
+    pipelines = []
+    try:
+        while len(pipelines) < opts.pipelines or sum(len(p["faults"]) for p in pipelines) < opts.faults:
+            left = opts.faults - sum(len(p["faults"]) for p in pipelines)
+            pipelines.append(run_pipeline(len(pipelines), stack, injector, opts, reference, left))
+            if len(pipelines) >= opts.pipelines + opts.faults:  # faults that found no target: stop somewhere
+                break
+    finally:
+        supervisor.stop()
+        stack.down()
+    faults = Counter(f["kind"] for p in pipelines for f in p["faults"])
+    result = {
+        "seed": opts.seed, "commit": commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "faults": dict(sorted(faults.items())), "faults_total": sum(faults.values()),
+        "pipelines": len(pipelines), "pipelines_completed": sum(p["completed"] for p in pipelines),
+        "reruns": sum(p["reruns"] for p in pipelines),
+        "lost": sum(len(p["lost"]) for p in pipelines),
+        "duplicates": sum(len(p["duplicates"]) for p in pipelines),
+        "problems": sum(len(p["problems"]) for p in pipelines),
+        "restarts": supervisor.restarts, "supervisor_errors": supervisor.errors,
+        "hit_trainer": sum(f["hit_trainer"] for p in pipelines for f in p["faults"]),
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "options": {"pause_s": list(opts.pause_s), "mlflow_away_s": opts.mlflow_away_s,
+                    "disk_full_s": opts.disk_full_s, "gap_s": list(opts.gap_s), "kinds": list(opts.kinds)},
+        "details": pipelines,
+    }
+    if not opts.dir and not opts.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    return result
+
+
+def passed(result: dict[str, Any]) -> bool:
+    return (result["lost"] == 0 and result["duplicates"] == 0 and result["problems"] == 0
+            and result["pipelines_completed"] == result["pipelines"])
+
+
+def _pair(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    return float(low), float(high or low)
+
+
+def _kinds(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in chaos_faults.KINDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown fault kind(s) {', '.join(unknown)}; known: "
+                                         f"{', '.join(chaos_faults.KINDS)}")
+    return kinds
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0, help="the faults' generator: the same seed, the same schedule")
+    p.add_argument("--faults", type=int, default=5, help="faults to inject in all")
+    p.add_argument("--pipelines", type=int, default=1, help="at least this many pipelines")
+    p.add_argument("--per-pipeline", type=int, default=3, help="at most this many faults per pipeline")
+    p.add_argument("--gap-s", type=_pair, default=(10.0, 40.0), help="seconds between faults: LOW,HIGH")
+    p.add_argument("--pause-s", type=_pair, default=(30.0, 120.0), help="how long a SIGSTOP lasts: LOW,HIGH")
+    p.add_argument("--mlflow-away-s", type=float, default=180.0, help="how long mlflow-away keeps MLflow down")
+    p.add_argument("--disk-full-s", type=float, default=30.0, help="how long disk-full keeps the disk full")
+    p.add_argument("--restart-delay-s", type=float, default=5.0, help="the supervisor's delay before a restart")
+    p.add_argument("--kinds", type=_kinds, default=list(chaos_faults.KINDS), help="comma-separated fault kinds")
+    p.add_argument("--small-fs-mb", type=int, default=768, help="size of each pipeline's own filesystem")
+    p.add_argument("--max-reschedules", type=int, default=10, help="the stack's reschedule budget per run")
+    p.add_argument("--timeout-s", type=float, default=1800.0, help="a pipeline not final after this is hung")
+    p.add_argument("--dir", help="work here and keep it (default: a temporary directory, removed)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line last")
+    p.add_argument("--record", action="store_true", help=f"append the result to {RESULTS.name}")
+    p.add_argument("--figure", type=Path, help="draw the result as a PNG here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(argv)
+    result = soak(opts)
+    if opts.record:
+        with open(RESULTS, "a") as out:
+            out.write(json.dumps({k: v for k, v in result.items() if k != "details"}) + "\n")
+    if opts.figure:
+        from bench.chaos_figure import draw
+
+        draw(result, opts.figure)
+    print(f"{result['faults_total']} fault(s) {result['faults']}; {result['pipelines_completed']}/"
+          f"{result['pipelines']} pipeline(s) completed ({result['reruns']} rerun); lost {result['lost']}, "
+          f"duplicated {result['duplicates']}, other problems {result['problems']}; "
+          f"supervisor restarts {result['restarts']}; {result['elapsed_s']:.0f} s")
+    if opts.json:
+        print(json.dumps(result))
+    return 0 if passed(result) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""The faults of the soak (bench/chaos.py) and the supervisor that plays the
+platform: what a real deployment loses at random moments, and what a real
+platform brings back.
+
+Targets are found by the soak's mark in their environment (every process of
+the soak's stack inherits it), so a soak never signals anything of another
+stack or of the user's:
+
+    server, mlflow, worker      the stack's services (cli.stack records them)
+    flow-run                    a flow-run process a worker started (python -m prefect.engine)
+    trainer                     python -m gpt2.train
+    tokenizer                   a process-pool or Dask worker under a flow run
+
+Actions: `kill` (SIGKILL), `term` (SIGTERM; a service gets the platform's
+usual SIGKILL 10 s later if it is still there), `pause` (SIGSTOP of the
+process and everything under it, SIGCONT after a while: a VM that froze and
+came back); and two faults of their own: `mlflow-away` (the MLflow server
+killed and kept down for minutes) and `disk-full` (the filesystem of the
+pipeline's root and work dir filled, then freed).
+
+The supervisor restarts a dead server or worker after a short delay, as
+systemd or Kubernetes would (cli.stack.services.restart); flow runs and
+trainers are left to Prefect (the automations) and to the trainer's resume:
+that is what the soak tests.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from cli.stack import processes, services
+
+MARK_ENV = "GPT2_CHAOS_SOAK"
+"""Set in the soak's stack environment: every process of it carries the soak's id."""
+
+SERVICE_KINDS = ("server", "mlflow", "worker")
+PROCESS_KINDS = ("flow-run", "trainer", "tokenizer")
+ACTIONS = ("kill", "term", "pause")
+KINDS = tuple(f"{action}:{target}" for target in (*SERVICE_KINDS, *PROCESS_KINDS) for action in ACTIONS) + (
+    "mlflow-away", "disk-full")
+"""Every fault the soak knows, as it is counted in the soak's `faults`."""
+
+TERM_GRACE_S = 10.0
+"""A service that ignores SIGTERM gets SIGKILL after this (a platform's stop timeout)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long the faults last; the long soak uses the defaults (the issue's
+    30-120 s pauses, three minutes of MLflow away), a short one shrinks them."""
+    pause_s: tuple[float, float] = (30.0, 120.0)
+    mlflow_away_s: float = 180.0
+    disk_full_s: float = 30.0
+    restart_delay_s: float = 5.0
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_s: float
+    """Seconds into the soak."""
+    pipeline: int
+    target: str = ""
+    """What was hit: `<name> pid <pid>`."""
+    hit_trainer: bool = False
+    """A trainer process that ran before the fault was gone after it."""
+
+
+def _marked(proc: psutil.Process, mark: str) -> bool:
+    try:
+        return proc.environ().get(MARK_ENV) == mark
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+
+
+def soak_processes(mark: str) -> list[psutil.Process]:
+    """Every live process that carries the soak's mark."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and _marked(proc, mark):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def trainers(mark: str) -> list[psutil.Process]:
+    return [p for p in soak_processes(mark) if "gpt2.train" in _cmdline(p) and "--config" in _cmdline(p)]
+
+
+def targets(state_dir: Path, mark: str) -> dict[str, list[tuple[str, psutil.Process]]]:
+    """What each kind of target has now: (name, process) pairs."""
+    found: dict[str, list[tuple[str, psutil.Process]]] = {kind: [] for kind in (*SERVICE_KINDS, *PROCESS_KINDS)}
+    state = services.read_state(state_dir) or {"processes": []}
+    for rec in state["processes"]:
+        proc = processes.process(rec)
+        if proc is not None:
+            found["worker" if rec["name"].startswith("worker") else rec["name"]].append((rec["name"], proc))
+    runs = []
+    for proc in soak_processes(mark):
+        line = _cmdline(proc)
+        if "prefect.engine" in line:
+            runs.append(proc)
+            found["flow-run"].append(("flow run " + proc.environ().get("PREFECT__FLOW_RUN_ID", "?")[:8], proc))
+        elif "gpt2.train" in line and "--config" in line:
+            found["trainer"].append(("trainer", proc))
+    for run in runs:
+        try:
+            children = run.children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for proc in children:
+            line = _cmdline(proc)
+            if "multiprocessing" in line or "distributed" in line or "dask" in line:
+                found["tokenizer"].append(("tokenizer", proc))
+    return found
+
+
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _send(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+class Supervisor:
+    """The platform: brings a dead server or worker back after a delay (a
+    part can be held down longer: `hold`). Counts what it restarted."""
+
+    def __init__(self, state_dir: Path, timing: Timing, log: Callable[[str], None]):
+        self.state_dir, self.timing, self.log = state_dir, timing, log
+        self.restarts: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._held_until: dict[str, float] = {}
+        self._dead_since: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="chaos-supervisor", daemon=True)
+
+    def start(self) -> "Supervisor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=600)
+
+    def hold(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._held_until[name] = time.monotonic() + seconds
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.tend()
+
+    def tend(self) -> None:
+        """One round: restart whatever has been dead for its delay."""
+        state = services.read_state(self.state_dir)
+        if state is None:
+            return
+        now = time.monotonic()
+        for rec in state["processes"]:
+            name = rec["name"]
+            if processes.alive(rec):
+                self._dead_since.pop(name, None)
+                continue
+            since = self._dead_since.setdefault(name, now)
+            with self._lock:
+                held = self._held_until.get(name, 0.0)
+            if now - since < self.timing.restart_delay_s or now < held:
+                continue
+            self.log(f"supervisor: {name} is down; restarting it")
+            try:
+                services.restart(self.state_dir, name)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+            except Exception as err:  # noqa: BLE001 - a platform retries; the error goes into the soak's result
+                self.errors.append(f"restarting {name}: {err}")
+                self.log(f"supervisor: restarting {name} failed: {err}")
+            self._dead_since.pop(name, None)
+
+
+class DiskFiller:
+    """Fills the filesystem that holds `path` (one the soak mounted for the
+    pipeline, so nothing else runs short) and frees it again."""
+
+    BALLAST = ".chaos-ballast"
+
+    def __init__(self, path: Path):
+        self.path = path / self.BALLAST
+
+    def fill(self) -> int:
+        free = os.statvfs(self.path.parent).f_bavail * os.statvfs(self.path.parent).f_frsize
+        with open(self.path, "wb") as out:
+            try:
+                os.posix_fallocate(out.fileno(), 0, max(free - 4096, 1))
+            except OSError:
+                pass  # a filesystem without fallocate: write until it is full
+            try:
+                chunk = b"\0" * (1 << 20)
+                while True:
+                    out.write(chunk)
+                    out.flush()
+            except OSError:
+                pass
+        return free
+
+    def free(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass
+class Injector:
+    """Picks the faults from a seeded generator: which kind (among those
+    whose target exists at that moment) and how long it lasts; the moments
+    come from the same generator (bench/chaos.py)."""
+
+    state_dir: Path
+    mark: str
+    supervisor: Supervisor
+    timing: Timing
+    rng: random.Random
+    kinds: tuple[str, ...]
+    log: Callable[[str], None]
+    started: float = field(default_factory=time.monotonic)
+    pending: list[threading.Thread] = field(default_factory=list)
+
+    def available(self, disk: DiskFiller | None) -> dict[str, list[tuple[str, psutil.Process]]]:
+        now = targets(self.state_dir, self.mark)
+        out: dict[str, list[tuple[str, psutil.Process]]] = {}
+        for kind in self.kinds:
+            if kind == "disk-full":
+                if disk is not None:
+                    out[kind] = []
+            elif kind == "mlflow-away":
+                if now["mlflow"]:
+                    out[kind] = now["mlflow"]
+            elif now[kind.split(":", 1)[1]]:
+                out[kind] = now[kind.split(":", 1)[1]]
+        return out
+
+    def inject(self, pipeline: int, disk: DiskFiller | None) -> Fault | None:
+        choices = self.available(disk)
+        if not choices:
+            return None
+        kind = self.rng.choice(sorted(choices))
+        fault = Fault(kind, round(time.monotonic() - self.started, 1), pipeline)
+        before = {p.pid for p in trainers(self.mark)}
+        if kind == "disk-full":
+            fault.target = str(disk.path.parent)
+            hold = self.timing.disk_full_s
+            free = disk.fill()
+            self.log(f"fault {kind}: filled {free / 2**20:.0f} MiB of {fault.target} for {hold:.0f} s")
+            self._later(hold, disk.free)
+        else:
+            name, proc = self.rng.choice(choices[kind])
+            fault.target = f"{name} pid {proc.pid}"
+            action = "kill" if kind == "mlflow-away" else kind.split(":", 1)[0]
+            if kind == "mlflow-away":
+                self.supervisor.hold(name, self.timing.mlflow_away_s)
+            if action == "kill":
+                _send([proc], signal.SIGKILL)
+            elif action == "term":
+                _send([proc], signal.SIGTERM)
+                if kind.split(":", 1)[1] in SERVICE_KINDS:
+                    self._later(TERM_GRACE_S, lambda p=proc: _send([p], signal.SIGKILL))
+            else:
+                tree = _tree(proc)
+                pause = self.rng.uniform(*self.timing.pause_s)
+                _send(tree, signal.SIGSTOP)
+                self._later(pause, lambda t=tree: _send(t, signal.SIGCONT))
+                fault.target += f" for {pause:.0f} s"
+            self.log(f"fault {kind}: {fault.target}")
+        time.sleep(3)  # time for a killed trainer's process to go
+        fault.hit_trainer = bool(before - {p.pid for p in trainers(self.mark)})
+        return fault
+
+    def _later(self, seconds: float, action: Callable[[], None]) -> None:
+        def run() -> None:
+            time.sleep(seconds)
+            action()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self.pending.append(thread)
+
+    def settle(self) -> None:
+        """Wait for every pause, hold and disk fill to end."""
+        for thread in self.pending:
+            thread.join()
+        self.pending.clear()

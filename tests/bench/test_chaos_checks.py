@@ -1,0 +1,109 @@
+"""The soak's checker (bench/chaos_checks.py): each check finds what it is
+there to find, on real files, a real MLflow store and a real lease, and stays
+quiet on a clean run; the soak's options refuse an unknown fault by name."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import pytest
+import torch
+from mlflow import MlflowClient
+from safetensors.torch import save_file
+
+from bench import chaos, chaos_checks
+from gpt2.checkpoint.lease import Lease
+from gpt2.tracking import Tracker, default_tracking_uri
+from tests.gpt2.train.fixtures import tiny_config
+
+
+def _checkpoint(tmp_path, step: int, weight: torch.Tensor) -> str:
+    folder = tmp_path / f"step_{step:06d}"
+    folder.mkdir(parents=True)
+    save_file({"w": weight, "b": torch.zeros(3)}, folder / "model.safetensors")
+    return f"file://{folder}"
+
+
+def test_weights_must_be_final_and_bit_identical(tmp_path):
+    weight = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    reference = chaos_checks.digest(_checkpoint(tmp_path / "ref", 4, weight))
+    same, flipped, early = chaos_checks.Findings(), chaos_checks.Findings(), chaos_checks.Findings()
+    chaos_checks.check_weights(same, _checkpoint(tmp_path / "a", 4, weight.clone()), reference, 4)
+    off = weight.clone()
+    off.view(torch.int32)[1, 2] ^= 1  # one flipped bit of one weight
+    chaos_checks.check_weights(flipped, _checkpoint(tmp_path / "b", 4, off), reference, 4)
+    chaos_checks.check_weights(early, _checkpoint(tmp_path / "c", 3, weight), reference, 4)
+    assert same.lost == []
+    assert flipped.lost and "differs" in flipped.lost[0][1]
+    assert early.lost and "no final checkpoint" in early.lost[0][1]
+
+
+def test_metric_steps_logged_twice_or_missing_are_found():
+    clean, bad = chaos_checks.Findings(), chaos_checks.Findings()
+    every = Counter(range(1, 6))
+    chaos_checks.check_metrics(clean, {k: every for k in chaos_checks.PER_STEP_METRICS} | {"val/loss": Counter([5])}, 5)
+    assert clean.lost == clean.duplicates == []
+    steps = {k: every for k in chaos_checks.PER_STEP_METRICS}
+    steps["train/loss"] = Counter([1, 2, 3, 3, 5])  # step 3 twice, step 4 missing
+    chaos_checks.check_metrics(bad, steps, 5)
+    assert [w for w, _ in bad.duplicates] == ["metric steps"] and "train/loss" in bad.duplicates[0][1]
+    assert [w for w, _ in bad.lost] == ["metric steps"] and "[4]" in bad.lost[0][1]
+
+
+def test_mlflow_runs_are_one_per_stage_with_their_steps_read_back(tmp_path):
+    config = tiny_config(tmp_path)
+    flow_run = "11111111-2222-3333-4444-555555555555"
+    with Tracker(config, "pipeline", tags={"stage": "pipeline", "prefect.flow_run_id": flow_run}) as parent:
+        for stage in ("data", "train", "train"):  # a second training run: a duplicate
+            with Tracker(config, stage, parent_run_id=parent.run_id, tags={"stage": stage}) as run:
+                for step in range(1, 4):
+                    run.log_metrics({k: 1.0 for k in chaos_checks.PER_STEP_METRICS}, step=step)
+    found = chaos_checks.Findings()
+    chaos_checks.check_mlflow(found, MlflowClient(default_tracking_uri(config)), config.tracking.experiment,
+                              flow_run, ("data", "train", "export"), 3)
+    assert ("mlflow runs", f"2 train runs under pipeline run {parent.run_id}") in found.duplicates
+    assert ("mlflow runs", f"0 export runs under pipeline run {parent.run_id}") in found.lost
+    assert not [f for f in found.lost if f[0] == "metric steps"]
+
+
+def test_a_live_lease_temp_files_and_extra_attempts_are_problems(tmp_path):
+    run_dir = f"file://{tmp_path / 'run'}"
+    found = chaos_checks.Findings()
+    lease = Lease(f"{run_dir}/lease", ttl_s=60.0)
+    assert lease.try_acquire() is None
+    chaos_checks.check_lease(found, run_dir)
+    lease.release()
+    chaos_checks.check_lease(found, run_dir)  # released: nothing more
+    (tmp_path / "run" / "attempts").mkdir(parents=True)
+    for n in (1, 2):
+        (tmp_path / "run" / "attempts" / f"{n:06d}.json").write_text("{}")
+    chaos_checks.check_bill(found, run_dir, trainers_seen=1)
+    chaos_checks.check_bill(found, run_dir, trainers_seen=2)  # matches: nothing more
+    (tmp_path / "run" / ".state.json.tmp-0a1b2c3d").write_text("")
+    chaos_checks.check_temp_files(found, tmp_path)
+    assert [w for w, _ in found.problems] == ["lease", "bill", "temporary files"]
+    assert found.lost == found.duplicates == []
+
+
+def test_left_running_waits_then_reports():
+    found, calls = chaos_checks.Findings(), []
+    chaos_checks.check_left_running(found, lambda: calls.append(1) or (["123 trainer"] if len(calls) < 2 else []),
+                                    wait_s=10)
+    assert found.problems == [] and len(calls) == 2
+    chaos_checks.check_left_running(found, lambda: ["123 trainer"], wait_s=0)
+    assert found.problems == [("left running", "123 trainer")]
+
+
+def test_the_soak_refuses_an_unknown_fault_by_name():
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown fault kind.*kill:prefect.*known: kill:server"):
+        chaos._kinds("kill:trainer,kill:prefect")
+    opts = chaos.parse(["--seed", "3", "--kinds", "pause:trainer,mlflow-away", "--pause-s", "5,9"])
+    assert opts.kinds == ["pause:trainer", "mlflow-away"] and opts.pause_s == (5.0, 9.0)
+
+
+def test_the_soak_passes_only_when_nothing_is_lost_duplicated_or_wrong():
+    good = {"lost": 0, "duplicates": 0, "problems": 0, "pipelines": 2, "pipelines_completed": 2}
+    assert chaos.passed(good)
+    for key, value in (("lost", 1), ("duplicates", 1), ("problems", 1), ("pipelines_completed", 1)):
+        assert not chaos.passed({**good, key: value}), key
