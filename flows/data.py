@@ -19,14 +19,13 @@ from flows.entry import flow_main
 from flows.stages import publish_result
 from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.data import sources
 from gpt2.data.disk import remove_intermediates
-from gpt2.data.download import download_ok
+from gpt2.data.download import download_ok, resolve_source
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import load_manifest
 from gpt2.data.prepare import summarize
 from gpt2.data.shard import local_shards_ok
-from gpt2.data.tokenize import tokenized_ok
+from gpt2.data.tokenized import tokenized_ok
 from gpt2.identity import data_fingerprint
 from gpt2.overrides import resolve_config
 from tasks.common import bind, run_cached
@@ -56,7 +55,7 @@ def run_data_stage(config: Config) -> dict[str, Any]:
     check = (lambda _: True) if complete else None
     steps = {}
     if workers_read_source(config):
-        src = sources.resolve(config.data)  # the cluster's workers stream their own units
+        src = resolve_source(config.data)  # the cluster's workers stream their own units
     else:
         src, steps["download"] = run_cached(download, config, valid=check or (lambda s: download_ok(config, s)))
     tok, steps["tokenize"] = run_cached(tokenize, config, src, valid=check or tokenized_ok)

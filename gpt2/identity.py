@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpt2.config import Config, DataConfig
+from gpt2.data.sources import builtin_digest
 
 # Bump when a change to the code changes results for the same config, so old
 # caches and shard directories are not reused by mistake.
@@ -59,8 +60,6 @@ def data_identity(config: Config) -> dict:
     if config.data.source.startswith("builtin:"):
         # A built-in sample's text comes from the installed Python: hash it so
         # another Python version never reuses shards made from other text.
-        from gpt2.data.sources import builtin_digest
-
         ident["builtin_digest"] = builtin_digest(config.data.source)
     return ident
 

@@ -24,8 +24,8 @@ import torch
 from gpt2 import layout, plan_ladder
 from gpt2.config import Config
 from gpt2.data import disk
+from gpt2.data.download import resolve_source
 from gpt2.data.sources import BUILTIN_PREFIX, SourceError, SourceFiles, builtin_documents, file_format, is_remote
-from gpt2.data.sources import resolve as resolve_source
 from gpt2.gpus import Gpu, PlanError, gpu, gpu_of_device  # noqa: F401 (also the plan's own names)
 from gpt2.kill_window import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.model import GPT

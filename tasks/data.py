@@ -13,7 +13,8 @@ from gpt2.config import Config
 from gpt2.data.download import download_source
 from gpt2.data.shard import LocalShards, shard_tokens
 from gpt2.data.sources import SourceFiles
-from gpt2.data.tokenize import Tokenized, tokenize_source
+from gpt2.data.tokenize import tokenize_source
+from gpt2.data.tokenized import Tokenized
 from gpt2.data.upload import upload_shards
 from gpt2.identity import data_step_fingerprint
 from tasks.common import ProgressArtifact, identity_cache_key, not_user_error

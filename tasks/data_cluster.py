@@ -38,7 +38,8 @@ from gpt2 import layout
 from gpt2.config import Config
 from gpt2.data import sources
 from gpt2.data.process_pool import default_workers
-from gpt2.data.units import Unit, UnitResult, tokenize_unit
+from gpt2.data.units import tokenize_unit
+from gpt2.data.work_unit import Unit, UnitResult
 from gpt2.errors import UserError
 from tasks.common import not_user_error
 

@@ -29,7 +29,7 @@ from pydantic import TypeAdapter
 from gpt2 import storage
 from gpt2.data.shard import LocalShards
 from gpt2.data.sources import SourceFiles
-from gpt2.data.tokenize import Tokenized
+from gpt2.data.tokenized import Tokenized
 
 log = logging.getLogger(__name__)
 

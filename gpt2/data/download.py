@@ -11,15 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config import Config, DataConfig
 from gpt2.data import sources
 from gpt2.data.disk import check_disk
+from gpt2.data.nanogpt_bin import resolve_token_files
+from gpt2.data.tokenized import tokens_done
+
+
+def resolve_source(cfg: DataConfig) -> sources.SourceFiles:
+    """`data.source` as concrete files, read as data.source_format says: text
+    files or a built-in sample (gpt2.data.sources), or nanoGPT's train.bin and
+    val.bin (gpt2.data.nanogpt_bin). The error names what is missing."""
+    if cfg.source_format == "nanogpt-bin":
+        return resolve_token_files(cfg)
+    return sources.resolve(cfg)
 
 
 def download_source(config: Config) -> sources.SourceFiles:
     """Resolve the source to files; copy remote ones to local disk, after
     checking the disk the whole data stage will need."""
-    source = sources.resolve(config.data)
+    source = resolve_source(config.data)
     target = layout.data_step_dir(config, "download")
     if source.builtin:
         return sources.materialize_builtin(source, target)
@@ -32,13 +43,6 @@ def download_source(config: Config) -> sources.SourceFiles:
     if limited or not any(sources.is_remote(f) for f in source.files):
         return source
     return sources.download(source, target)
-
-
-def tokens_done(config: Config) -> bool:
-    """Whether the tokenize step's record is there and its parts are whole."""
-    from gpt2.data.tokenize import DONE_RECORD, Tokenized, reuse, tokenized_ok
-
-    return reuse(layout.data_step_dir(config, "tokenize") / DONE_RECORD, Tokenized, tokenized_ok) is not None
 
 
 def source_ok(source: sources.SourceFiles) -> bool:

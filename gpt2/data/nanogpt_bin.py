@@ -30,6 +30,8 @@ from gpt2 import layout, storage
 from gpt2.config import Config, DataConfig
 from gpt2.data.llmc import MAGIC
 from gpt2.data.sources import SourceError, SourceFiles
+from gpt2.data.step_record import reuse
+from gpt2.data.tokenized import DONE_RECORD, Tokenized, tokenized_ok
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB
 
 log = logging.getLogger(__name__)
@@ -113,12 +115,10 @@ def _refuse_foreign_ids(ids: np.ndarray, url: str, offset: int) -> None:
                           "GPT-2's tokenizer (data.source_format=nanogpt-bin reads GPT-2 ids only)")
 
 
-def read_token_files(config: Config, source: SourceFiles):
+def read_token_files(config: Config, source: SourceFiles) -> Tokenized:
     """The tokenize step for nanoGPT's files: check both (a remote one is
     copied into the step's directory first) and record them as the token
     stream, val.bin's tokens first, as the val split."""
-    from gpt2.data.tokenize import DONE_RECORD, Tokenized, reuse, tokenized_ok
-
     directory = layout.data_step_dir(config, "tokenize")
     directory.mkdir(parents=True, exist_ok=True)
     done_file = directory / DONE_RECORD

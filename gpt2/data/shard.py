@@ -22,7 +22,9 @@ from gpt2.config import Config
 from gpt2.data.doc_split import split_documents
 from gpt2.data.llmc import write_shard
 from gpt2.data.manifest import ShardEntry
-from gpt2.data.tokenize import EmptyCorpusError, Tokenized, reuse
+from gpt2.data.step_record import reuse
+from gpt2.data.tokenize import EmptyCorpusError
+from gpt2.data.tokenized import Tokenized
 
 log = logging.getLogger(__name__)
 

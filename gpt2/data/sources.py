@@ -6,7 +6,8 @@ offline sample. Reading a file's documents is gpt2.data.unit_readers' part.
 `builtin:python-docs`: the reference topics that CPython ships in
 `pydoc_data.topics` (~80 documents, ~110k tokens of real English prose), which
 lets the smoke preset run with no network. With data.source_format=nanogpt-bin
-it names nanoGPT's token files instead (gpt2.data.nanogpt_bin).
+it names nanoGPT's token files instead (gpt2.data.nanogpt_bin, which reads
+them; gpt2.data.download.resolve_source picks the reader).
 """
 
 from __future__ import annotations
@@ -72,11 +73,9 @@ def file_format(path: str) -> str | None:
 
 
 def resolve(cfg: DataConfig) -> SourceFiles:
-    """Expand `cfg.source` into concrete files, failing clearly when nothing matches."""
-    if cfg.source_format == "nanogpt-bin":
-        from gpt2.data.nanogpt_bin import resolve_token_files
-
-        return resolve_token_files(cfg)
+    """Expand `cfg.source` (text files or a built-in sample) into concrete
+    files, failing clearly when nothing matches. data.source_format picks
+    between this and nanoGPT's token files in gpt2.data.download.resolve_source."""
     if cfg.source.startswith(BUILTIN_PREFIX):
         builtin_documents(cfg.source)  # validates the name
         return SourceFiles(url=cfg.source, format="json", files=(), builtin=True)

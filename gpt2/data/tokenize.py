@@ -19,13 +19,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.data import sources
+from gpt2.data.nanogpt_bin import read_token_files
+from gpt2.data.step_record import reuse
+from gpt2.data.tokenized import DONE_RECORD, Tokenized, tokenized_ok
 from gpt2.data.unit_pool import UnitPool
-from gpt2.data.units import Unit, UnitExecutor, UnitResult, completed, fetch, plan_units, tokenize_unit
+from gpt2.data.units import completed, fetch, plan_units, tokenize_unit
+from gpt2.data.work_unit import Unit, UnitExecutor, UnitResult
 from gpt2.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -33,46 +35,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, "int | None"], None]
 """progress(documents_done, tokens_done, documents_total_or_None)."""
 
-DONE_RECORD = "done.json"
-
 
 class EmptyCorpusError(UserError, ValueError):
     """The source yielded no documents or no tokens."""
-
-
-class Tokenized(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    directory: str
-    documents: int
-    tokens: int
-    parts: list[str]
-    """Part files, in stream order: names in `directory`, or absolute paths of
-    token files read where they lie (nanoGPT's, gpt2.data.nanogpt_bin)."""
-    truncated: int = 0
-    """Documents cut to data.max_document_chars (0 in records older than the key)."""
-    val_tokens: int | None = None
-    """Tokens at the head of the stream that the source fixes as the val split
-    (nanoGPT's val.bin); None: the shard step splits (gpt2.data.shard.split_sizes)."""
-
-
-def tokenized_ok(tok: Tokenized) -> bool:
-    """A cached result is good while its part files are still there."""
-    return all((Path(tok.directory) / name).is_file() for name in tok.parts)
-
-
-def reuse(record_path: Path, model: type[BaseModel], ok: Callable[[BaseModel], bool]) -> BaseModel | None:
-    """A local step's completion record, if it parses and its files are all
-    still there; otherwise the record goes and the step is redone."""
-    record = storage.read_record(str(record_path))
-    if record is not None:
-        try:
-            done = model.model_validate(record)
-        except ValidationError:
-            done = None
-        if done is not None and ok(done):
-            return done
-    record_path.unlink(missing_ok=True)
-    return None
 
 
 SMALL_CORPUS_BYTES = 16 << 20
@@ -92,8 +57,6 @@ def tokenize_source(config: Config, source: sources.SourceFiles, progress: Progr
     last complete ones. executor: where units run (None: this machine's
     process pool of runtime.num_workers)."""
     if config.data.source_format == "nanogpt-bin":  # already tokens: checked, never retokenized
-        from gpt2.data.nanogpt_bin import read_token_files
-
         return read_token_files(config, source)
     directory = layout.data_step_dir(config, "tokenize")
     directory.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,8 @@ from pathlib import Path
 from gpt2.config import Config
 from gpt2.data.process_pool import Finish, default_workers, run_pool
 from gpt2.data.tokenize_pool import warm_up
-from gpt2.data.units import Unit, UnitResult, encode_unit, tokenize_unit
+from gpt2.data.units import encode_unit, tokenize_unit
+from gpt2.data.work_unit import Unit, UnitResult
 
 WINDOW_PER_WORKER = 4
 """Units handed out per worker ahead of the oldest unfinished one: enough that

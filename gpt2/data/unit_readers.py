@@ -12,15 +12,11 @@ the line or row.
 from __future__ import annotations
 
 import json
-import posixpath
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from gpt2 import storage
 from gpt2.data.sources import SourceError
-
-if TYPE_CHECKING:
-    from gpt2.data.units import Unit
+from gpt2.data.work_unit import Unit
 
 BATCH_CHARS = 1 << 22
 """Texts are handed to the encoder in batches of about this many characters:
@@ -173,8 +169,3 @@ def _text_file(unit: Unit, field: str) -> Iterator[str]:
     except UnicodeDecodeError as err:
         raise SourceError(f"data.source file {unit.url!r} is not UTF-8 text: {err}") from None
 
-
-def describe(unit: Unit) -> str:
-    what = {"jsonl": "bytes", "parquet": "row groups"}.get(unit.format)
-    span = f" {what} {unit.start}-{unit.stop}" if what else ""
-    return f"unit {unit.index} ({posixpath.basename(unit.url)}{span})"

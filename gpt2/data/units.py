@@ -14,12 +14,12 @@ document preceded by <|endoftext|>) and then its record
 `part_<index>.json`, each atomically; a valid record and file make a rerun
 return at once, so a killed run loses only the units in flight.
 
-An executor runs units somewhere (UnitExecutor): gpt2.data.unit_pool is this
-machine's process pool; flows/ may offer a cluster. Besides the names agreed
-for executors, UnitResult carries `first_cut` (for the truncation warning),
-and tokenize_unit takes an optional `limit` that only the coordinator uses:
-it re-tokenizes the one unit where data.max_documents/max_tokens fall, so the
-stream ends exactly where the limit says.
+An executor runs units somewhere (gpt2.data.work_unit.UnitExecutor, beside
+the Unit and UnitResult it takes and gives): gpt2.data.unit_pool is this
+machine's process pool; flows/ may offer a cluster. tokenize_unit takes an
+optional `limit` that only the coordinator uses: it re-tokenizes the one unit
+where data.max_documents/max_tokens fall, so the stream ends exactly where the
+limit says.
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ import hashlib
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from gpt2 import storage
 from gpt2.config import Config
-from gpt2.data.sources import SourceFiles
+from gpt2.data.sources import SourceError, SourceFiles
 from gpt2.data.tokenize_pool import encode_batch
-from gpt2.data.unit_readers import describe, iter_text_batches
+from gpt2.data.unit_readers import iter_text_batches
+from gpt2.data.work_unit import Unit, UnitResult
 from gpt2.tokenizer import EOT_TOKEN
 
 SOURCE_BYTES_PER_TOKEN = {"jsonl": 3.5, "parquet": 2.0}
@@ -65,53 +65,6 @@ MIN_UNITS = 4
 
 Limit = tuple[int | None, int | None]
 """(documents, tokens) to keep from a unit, None for no bound."""
-
-
-class Unit(BaseModel):
-    """One piece of the source. parquet: row groups [start, stop); jsonl:
-    bytes [start, stop); json and text: the whole file (start 0, stop its size)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    index: int
-    url: str
-    format: str  # jsonl, parquet, json or text
-    start: int
-    stop: int
-
-    @property
-    def name(self) -> str:
-        return f"part_{self.index:06d}.bin"
-
-    @property
-    def record(self) -> str:
-        return f"part_{self.index:06d}.json"
-
-    def __str__(self) -> str:
-        return describe(self)
-
-
-class UnitResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    index: int
-    documents: int
-    tokens: int
-    truncated: int
-    """Documents cut to data.max_document_chars."""
-    name: str
-    """The part file, relative to the executor's directory."""
-    sha256: str
-    first_cut: tuple[int, int] | None = None
-    """(document within the unit, its characters) of the first truncated document."""
-
-
-class UnitExecutor(Protocol):
-    directory: str
-    """Where units write: a local path, or an fsspec URL every worker can reach."""
-
-    def map(self, units: Iterable[Unit]) -> Iterator[UnitResult]:
-        """Results in any completion order; pulls units lazily, so the
-        coordinator can stop handing them out once the limits are met."""
-        ...
 
 
 # --- planning ------------------------------------------------------------------
@@ -149,8 +102,6 @@ def _unit_bytes(part_tokens: int, fmt: str, total: int) -> int:
 
 def _row_group_spans(url: str, unit_bytes: int) -> list[tuple[int, int]]:
     import pyarrow.parquet as pq
-
-    from gpt2.data.sources import SourceError
 
     fs, path = storage.filesystem(url)
     try:

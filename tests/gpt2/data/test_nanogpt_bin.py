@@ -15,7 +15,8 @@ import pytest
 from gpt2 import identity, layout
 from gpt2.data import prepare
 from gpt2.data.llmc import MAGIC, make_header
-from gpt2.data.sources import SourceError, resolve
+from gpt2.data.download import resolve_source
+from gpt2.data.sources import SourceError
 from gpt2.overrides import ConfigError
 from gpt2.tokenizer import EOT_TOKEN
 from tests.gpt2.data.test_prepare import shards_of
@@ -115,14 +116,14 @@ def test_missing_or_extra_files_and_bin_files_read_as_text(smoke_config, tmp_pat
     _write(tmp_path / "only", GOOD, GOOD)
     (tmp_path / "only" / "val.bin").unlink()
     with pytest.raises(SourceError, match="lacks val.bin"):
-        resolve(config_for(smoke_config, str(tmp_path / "only")).data)
+        resolve_source(config_for(smoke_config, str(tmp_path / "only")).data)
     _write(tmp_path / "extra", GOOD, GOOD)
     (tmp_path / "extra" / "fineweb_train_000001.bin").write_bytes(make_header(0))
     with pytest.raises(SourceError, match="also holds fineweb_train_000001.bin"):
-        resolve(config_for(smoke_config, str(tmp_path / "extra")).data)
+        resolve_source(config_for(smoke_config, str(tmp_path / "extra")).data)
     # The reverse: nanoGPT's files given as text.
     with pytest.raises(SourceError, match="data.source_format=nanogpt-bin"):
-        resolve(smoke_config(**{"data.source": str(tmp_path / "only" / "*.bin")}).data)
+        resolve_source(smoke_config(**{"data.source": str(tmp_path / "only" / "*.bin")}).data)
 
 
 def test_limits_and_builtin_sources_are_refused_in_the_config(smoke_config, tmp_path):
@@ -138,7 +139,7 @@ def test_meta_pkl_is_never_unpickled(smoke_config, nanogpt_dir, monkeypatch):
     opened = []
     monkeypatch.setattr(pickle, "load", lambda *a, **k: opened.append(a))
     monkeypatch.setattr(pickle, "loads", lambda *a, **k: opened.append(a))
-    source = resolve(config_for(smoke_config, str(folder)).data)
+    source = resolve_source(config_for(smoke_config, str(folder)).data)
     assert [Path(f).name for f in source.files] == ["val.bin", "train.bin"]
     prepare.prepare_data(config_for(smoke_config, str(folder)), show_progress=False)
     assert opened == []

@@ -14,8 +14,8 @@ from gpt2.data import prepare
 from gpt2.data.download import download_source
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard import DONE_RECORD as SHARD_DONE
-from gpt2.data.tokenize import DONE_RECORD as TOKENIZE_DONE
 from gpt2.data.tokenize import tokenize_source
+from gpt2.data.tokenized import DONE_RECORD as TOKENIZE_DONE
 from gpt2.overrides import resolve_config
 from gpt2.storage import local_path
 from tests.conftest import write_jsonl

@@ -15,7 +15,8 @@ import time
 from gpt2 import layout
 from gpt2.data.download import download_source
 from gpt2.data.shard import shard_tokens
-from gpt2.data.tokenize import DONE_RECORD, tokenize_source
+from gpt2.data.tokenize import tokenize_source
+from gpt2.data.tokenized import DONE_RECORD
 from gpt2.data.unit_pool import UnitPool
 from gpt2.data.units import completed, plan_units
 from gpt2.overrides import resolve_config

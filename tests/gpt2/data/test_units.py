@@ -20,7 +20,8 @@ from gpt2.data.download import download_source
 from gpt2.data.shard import shard_tokens
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.unit_pool import UnitPool
-from gpt2.data.units import Unit, UnitResult, plan_units, tokenize_unit
+from gpt2.data.units import plan_units, tokenize_unit
+from gpt2.data.work_unit import Unit, UnitResult
 from gpt2.overrides import resolve_config
 from gpt2.tokenizer import EOT_TOKEN
 from tests.tiers import scenario
