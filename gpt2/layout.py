@@ -15,6 +15,7 @@ changes only when what it holds would:
         export/step_000500/{hf,llmc}/
       pipeline/parents/<flow run>.json  the parent flow's MLflow run id
       pipeline/stage-results/<flow run>.json
+      pipeline/train-jobs/<job>/node-<i>.json  a multi-node Job's node outcome (gpt2.launch.node)
       mlflow.db, mlflow-artifacts/      the embedded MLflow store (local roots)
       .prefect/results/                 Prefect task results
 
@@ -183,6 +184,12 @@ def stage_result(config: Config, flow_run_id: str) -> str:
 def parent_record(config: Config, flow_run_id: str) -> str:
     """The parent flow run's MLflow run id, so a rescheduled parent reopens it."""
     return storage.join(root(config), "pipeline", "parents", f"{flow_run_id}.json")
+
+
+def node_outcome(config: Config, job: str, index: int) -> str:
+    """Where node `index` of multi-node training Job `job` records its outcome
+    (gpt2.launch.node writes it, gpt2.launch.k8s_status reads it)."""
+    return storage.join(root(config), "pipeline", "train-jobs", job, f"node-{index}.json")
 
 
 def ladder_record(config: Config, parent_flow_run_id: str, stage: str) -> str:

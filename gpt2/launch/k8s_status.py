@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt2 import storage
+from gpt2 import layout, storage
 from gpt2.config import Config
-from gpt2.launch.node import outcome_url
 from gpt2.train.run import Preempted, TrainResult
 from gpt2.train.session import TrainingError
 
@@ -56,13 +55,13 @@ def job_state(job) -> JobState:
 
 def read_outcomes(config: Config, job: str) -> list[dict | None]:
     """Each node's record (None where a node wrote none)."""
-    return [storage.read_record(outcome_url(config, job, i)) for i in range(config.runtime.nnodes)]
+    return [storage.read_record(layout.node_outcome(config, job, i)) for i in range(config.runtime.nnodes)]
 
 
 def clear_outcomes(config: Config, job: str) -> None:
     """Before a new attempt of the Job: no record of an earlier one may be read as its outcome."""
     for i in range(config.runtime.nnodes):
-        storage.remove(outcome_url(config, job, i))
+        storage.remove(layout.node_outcome(config, job, i))
 
 
 def outcome(job: str, state: JobState, records: list[dict | None]) -> TrainResult:

@@ -30,11 +30,6 @@ from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted
 log = logging.getLogger("gpt2.launch.node")
 
 
-def outcome_url(config: Config, job: str, index: int) -> str:
-    """Where node `index` of Job `job` records its outcome."""
-    return storage.join(layout.root(config), "pipeline", "train-jobs", job, f"node-{index}.json")
-
-
 def run_node(config: Config, job: str, index: int, parent_run_id: str | None = None,
              tags: dict | None = None) -> tuple[int, dict]:
     """Train this node's part; record and return (exit code, outcome)."""
@@ -46,7 +41,7 @@ def run_node(config: Config, job: str, index: int, parent_run_id: str | None = N
         code, outcome = PREEMPTED_EXIT_CODE, {"event": "preempted", "message": str(err)}
     except (UserError, FileNotFoundError) as err:  # TrainingError, a worker that died
         code, outcome = 1, {"event": "error", "message": str(err)}
-    storage.write_record(outcome_url(config, job, index), {"node": index, **outcome})
+    storage.write_record(layout.node_outcome(config, job, index), {"node": index, **outcome})
     log.info("node %d: %s (exit %d)", index, outcome["event"], code)
     return code, outcome
 

@@ -34,7 +34,7 @@ from gpt2.child_process import terminate_with_parent
 from gpt2.config import Config
 from gpt2.distributed import resolve_nproc, visible_gpus
 from gpt2.kill_window import STOP_GRACE_S
-from gpt2.launch import multinode
+from gpt2.launch import k8s_run, multinode
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress
 from gpt2.train.run import Preempted, TrainResult, train
@@ -175,8 +175,6 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
         if log_line:
             log_line("WARNING: " + warning)
     if config.runtime.nnodes > 1 and isolate:
-        from gpt2.launch import k8s_run  # imports this module (a node pod runs torchrun_train)
-
         if k8s_run.in_cluster():  # a pod of the Kubernetes pool: the nodes are the pods of a Job of their own
             multinode.warn_unshared_root(config)
             k8s_run.check_node_gpus(config, visible_gpus(config.runtime.device))
