@@ -36,6 +36,7 @@ import torch
 
 from bench import records
 from bench.corpus import build_corpus
+from gpt2 import figures_on_record
 from gpt2.config import ModelConfig, TrainConfig
 from gpt2.distributed import amp_dtype, distributed
 from gpt2.model import GPT
@@ -172,10 +173,12 @@ def main() -> None:
     parser.add_argument("--evals", type=int, default=15, help="validation points per run")
     parser.add_argument("--corpus-mb", type=float, default=None, help="corpus size (default: 8 CPU, 120 GPU)")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--record", action="store_true", help=f"append the figures to {records.RESULTS.name} (GPU)")
+    parser.add_argument("--record", action="store_true",
+                        help=f"append the figures to {figures_on_record.RESULTS.name} (GPU)")
     args = parser.parse_args()
     if args.record and not args.cuda:
-        parser.error(f"--record keeps GPU figures only ({records.RESULTS.name}): add --cuda, on a GPU machine")
+        parser.error(f"--record keeps GPU figures only ({figures_on_record.RESULTS.name}): add --cuda, "
+                     "on a GPU machine")
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = CUDA_SIZES if args.cuda else CPU_SIZES
@@ -198,11 +201,12 @@ def main() -> None:
             row = compare(size, train_size(size, lrs, train, val, env, args.evals), len(train))
             report(row)
             if args.record:  # each size as it ends: a later size cut short loses only itself
-                rec = records.figures_record("optimizers", records.device_name(env.device), torch.__version__, {
+                device = records.device_name(env.device)
+                rec = figures_on_record.figures_record("optimizers", device, torch.__version__, {
                     "what": "AdamW and Muon (train.optimizer) interleaved on the same batches, each at its best of "
                             "the swept peak lrs; tokens Muon's best run needs to reach AdamW's best final val loss",
                     "lrs": lrs, "train_tokens": len(train), **row})
-                print(f"recorded in {records.append(rec)}: {rec}", flush=True)
+                print(f"recorded in {figures_on_record.append(rec)}: {rec}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,39 +1,20 @@
-"""GPU figures on record: `bench/results.jsonl`, one JSON object per measured
-run, each with the commit and device it came from, so a figure can always be
-traced to the code that produced it (modded-nanogpt's record table, llm.c's
-README). Only GPU runs are recorded; CPU runs print their figures and stop.
+"""bench.train_step's record for `bench/results.jsonl`: its device, its
+throughput eager and compiled, and MFU. Where the records live, their
+provenance (commit, date) and adding one are the product's
+(gpt2.figures_on_record), which `gpt2 plan` and `gpt2 preflight` read and
+write too; every benchmark's `--record` goes through it.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
-RESULTS = Path(__file__).with_name("results.jsonl")
+from gpt2.figures_on_record import commit
+
 TRAIN_STEP_KEYS = ("date", "commit", "device", "torch", "bench", "micro_batch", "tok_s_eager", "tok_s_compiled",
                    "compiled_over_eager", "mfu", "gpus")
-
-
-def commit(repo: Path = Path(__file__).parent) -> str:
-    """The checked-out commit, `+dirty` when tracked files differ from it (the
-    figure then came from code no commit holds), `unknown` outside git.
-    $BENCH_COMMIT names it where the tree travelled without its .git (a
-    GPU machine that receives a copy of the checkout)."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def device_name(device: torch.device) -> str:
@@ -59,26 +40,3 @@ def train_step_record(device: torch.device, gpus: int, micro_batch: int, tok_s_e
         "mfu": mfu,
         "gpus": gpus,
     }
-
-
-def figures_record(bench: str, device: str, torch_version: str, figures: dict, revision: str | None = None,
-                   date: str | None = None) -> dict:
-    """A GPU check's figures other than bench.train_step's (a resume compared
-    with an uninterrupted run, the micro-batch `auto` picks, a compile cache's
-    warm start, a checkpoint's snapshot): the same provenance keys first, then
-    the check's own figures under `figures`."""
-    return {
-        "date": date or datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "commit": revision or commit(),
-        "device": device,
-        "torch": torch_version,
-        "bench": bench,
-        "figures": figures,
-    }
-
-
-def append(record: dict, path: Path = RESULTS) -> Path:
-    """Add `record` as one line of `path` (created when missing)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    return path

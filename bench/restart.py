@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpt2 import layout
+from gpt2 import figures_on_record, layout
 from gpt2.checkpoint import catalog
 from gpt2.data.synthetic import random_tokens, write_dataset
 from gpt2.overrides import resolve_config
@@ -99,12 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.record and args.cuda:
         import torch
 
-        from bench import records
-
-        record = records.figures_record("restart", torch.cuda.get_device_name(0), torch.__version__, {
+        record = figures_on_record.figures_record("restart", torch.cuda.get_device_name(0), torch.__version__, {
             "preset": args.preset, "cold": cold, "warm": warm,
             "compile_warm_over_cold": warm["compile"] / cold["compile"], "startup_warm_over_cold": whole[1] / whole[0]})
-        print(f"recorded in {records.append(record)}")
+        print(f"recorded in {figures_on_record.append(record)}")
 
 
 if __name__ == "__main__":

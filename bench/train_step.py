@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from bench import records
 from bench.step_data import synthetic_loader
-from gpt2 import layout
+from gpt2 import figures_on_record, layout
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.config import ModelConfig, TrainConfig
 from gpt2.distributed import DistEnv, amp_dtype, autocast, distributed
@@ -270,10 +270,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: CPU-time measurements are exact)")
     parser.add_argument("--record", action="store_true",
-                        help=f"append this run's figures to {records.RESULTS.name} (GPU runs: figures on record)")
+                        help=f"append this run's figures to {figures_on_record.RESULTS.name} "
+                             "(GPU runs: figures on record)")
     args = parser.parse_args()
     if args.record and not args.cuda:
-        parser.error(f"--record keeps GPU figures only ({records.RESULTS.name}): add --cuda, on a GPU machine")
+        parser.error(f"--record keeps GPU figures only ({figures_on_record.RESULTS.name}): add --cuda, "
+                     "on a GPU machine")
     torch.set_num_threads(args.threads)
     # The process group under torchrun, TF32 on CUDA (on every supported torch).
     with distributed("cuda" if args.cuda else "cpu") as env, tempfile.TemporaryDirectory() as data:
@@ -320,7 +322,7 @@ def run(args, env: DistEnv, data: Path) -> None:
     if args.record and env.is_main:
         row = records.train_step_record(device, env.world_size if device.type == "cuda" else 0, args.batch,
                                         tok_s.get(False), tok_s.get(True), util[modes[-1]])
-        say(f"recorded in {records.append(row)}: {row}")
+        say(f"recorded in {figures_on_record.append(row)}: {row}")
 
 
 if __name__ == "__main__":

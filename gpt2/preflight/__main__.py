@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpt2 import figures_on_record
 from gpt2.preflight.report import Check
 from gpt2.secrets import redact
 
@@ -88,16 +89,14 @@ def _record(config, result: dict) -> str | None:
 
     if result.get("gpus", 0) < 1:
         return None
-    try:
-        from bench import records
-    except ImportError:
-        return "--record needs a checkout (bench/records.py); run it from the repository's root"
+    if not figures_on_record.RESULTS.parent.is_dir():
+        return f"--record needs a checkout ({figures_on_record.RESULTS}); run it from the repository's root"
     statuses = {name: c["status"] for name, c in result["checks"].items()}
     figures = {k: v for k, v in result.items() if k not in ("checks", "ok", "failed")}
-    record = records.figures_record("preflight", torch.cuda.get_device_name(0), torch.__version__,
-                                    {"preset": config.preset, "statuses": statuses, **figures})
-    records.append(record)
-    return f"recorded in {records.RESULTS}"
+    record = figures_on_record.figures_record("preflight", torch.cuda.get_device_name(0), torch.__version__,
+                                              {"preset": config.preset, "statuses": statuses, **figures})
+    figures_on_record.append(record)
+    return f"recorded in {figures_on_record.RESULTS}"
 
 
 def main(argv: list[str] | None = None) -> int:

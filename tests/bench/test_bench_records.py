@@ -1,6 +1,7 @@
 """bench.train_step's `--record`: one JSON object per run with exactly the
-agreed keys, appended to a JSON-lines file; and the whole-iteration batches
-it times come through the trainer's own loader."""
+agreed keys, appended to a JSON-lines file (gpt2.figures_on_record, which the
+product reads); and the whole-iteration batches it times come through the
+trainer's own loader."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from bench import records
 from bench.step_data import synthetic_loader
+from gpt2 import figures_on_record
 from gpt2.distributed import DistEnv
 
 CPU = torch.device("cpu")
@@ -23,8 +25,8 @@ def test_records_have_exactly_the_agreed_keys_and_are_appended(tmp_path):
     path = tmp_path / "results.jsonl"
     both = records.train_step_record(CPU, 0, 8, tok_s_eager=1000.0, tok_s_compiled=1500.0, mfu=None)
     eager_only = records.train_step_record(CPU, 0, 8, tok_s_eager=1000.0, tok_s_compiled=None, mfu=None)
-    records.append(both, path)
-    records.append(eager_only, path)
+    figures_on_record.append(both, path)
+    figures_on_record.append(eager_only, path)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines == [both, eager_only]
     for row in lines:
@@ -35,10 +37,10 @@ def test_records_have_exactly_the_agreed_keys_and_are_appended(tmp_path):
 
 
 def test_the_commit_is_the_checked_out_one():
-    repo = Path(records.__file__).parent
+    repo = Path(figures_on_record.__file__).parent
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-    assert records.commit().split("+")[0] == head
-    assert records.commit(Path("/")) == "unknown"
+    assert figures_on_record.commit().split("+")[0] == head
+    assert figures_on_record.commit(Path("/")) == "unknown"
 
 
 def test_benchmark_batches_come_through_the_trainers_loader(tmp_path):
@@ -54,6 +56,7 @@ def test_benchmark_batches_come_through_the_trainers_loader(tmp_path):
 
 def test_a_tree_without_its_git_names_its_commit_through_the_environment(monkeypatch):
     monkeypatch.setenv("BENCH_COMMIT", "0123abcd")
-    assert records.commit() == "0123abcd"
-    row = records.figures_record("resume_cuda", "NVIDIA H100 80GB HBM3", "2.11.0+cu130", {"exact_steps": 600})
+    assert figures_on_record.commit() == "0123abcd"
+    row = figures_on_record.figures_record("resume_cuda", "NVIDIA H100 80GB HBM3", "2.11.0+cu130",
+                                           {"exact_steps": 600})
     assert row["commit"] == "0123abcd" and tuple(row) == ("date", "commit", "device", "torch", "bench", "figures")

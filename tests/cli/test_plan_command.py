@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.plan_measured import RESULTS_ENV
+from gpt2.figures_on_record import RESULTS_ENV
 from tests.cli.plan_process import gpt2_plan
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.

@@ -67,7 +67,7 @@ def test_a_measured_mfu_on_that_gpu_replaces_the_assumption_and_says_where_it_co
     import json
 
     from gpt2.overrides import resolve_config
-    from gpt2.plan_measured import RESULTS_ENV
+    from gpt2.figures_on_record import RESULTS_ENV
 
     records = tmp_path / "records.jsonl"
     line = {"date": "2026-11-26T10:00:00+00:00", "commit": "abcdef1234", "device": "NVIDIA H100 80GB HBM3",
