@@ -64,6 +64,11 @@ class Outbox:
         """(metric points, other records) not sent yet."""
         return len(self._points), len(self._records)
 
+    def unsent_points(self) -> list:
+        """The metric points not confirmed sent (a batch in flight included), in order."""
+        with self._lock:
+            return list(self._points)
+
     def _busy(self) -> bool:
         return bool(self._points or self._records or not self._connected)
 

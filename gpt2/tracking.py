@@ -179,6 +179,23 @@ class Tracker:
         now = int(time.time() * 1000)
         self._outbox.put_points([Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()])
 
+    def unsent_points(self) -> list[list]:
+        """The metric points not sent yet, as [key, value, timestamp ms, step]:
+        a checkpoint keeps them (gpt2.train.checkpoint_state), so a trainer
+        killed before MLflow had them sends them when it resumes (requeue)."""
+        if self._outbox is None:
+            return []
+        return [[m.key, m.value, m.timestamp, m.step] for m in self._outbox.unsent_points()]
+
+    def requeue(self, points: list[list]) -> None:
+        """Send points an earlier attempt left unsent (unsent_points); those the
+        run already holds are skipped like every redone step (_send_metrics)."""
+        if self._outbox is None or not points:
+            return
+        from mlflow.entities import Metric
+
+        self._outbox.put_points([Metric(k, float(v), int(t), int(s)) for k, v, t, s in points])
+
     def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
         if self._outbox is None:
             return

@@ -17,6 +17,10 @@ def checkpoint_state(loop, done: int) -> dict:
         "run_name": loop.run_name,
         "loader": loop.s.loader.state_dict(),
         "mlflow_run_id": loop.tracker.run_id,
+        # The metric points MLflow does not have yet (it is away, or they wait
+        # for the next batch): a resumed attempt sends them, so a kill after
+        # this checkpoint leaves no gap in the run's curves.
+        "tracking_backlog": loop.tracker.unsent_points(),
         "train_loss": loop.train_loss,
         "val_loss": loop.val_loss,
         "val_loss_step": loop.history["val"][-1][0] if loop.history["val"] else None,

@@ -102,6 +102,7 @@ class Loop:
         self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
                                parent_run_id=parent_run_id, tags=all_tags,
                                enabled=session.env.is_main, system_metrics=True)
+        self.tracker.requeue(state.get("tracking_backlog") or [])  # what the killed attempt never sent
         if session.env.is_main and not state:
             self.tracker.log_params(self.cfg.model_dump(mode="json"))
             self.tracker.log_params({"resolved.runtime": asdict(session.memory)})  # what `auto` chose
