@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
@@ -39,6 +39,7 @@ from gpt2.train.checkpoint_state import checkpoint_state
 from gpt2.train.failure_board import FailureBoard
 from gpt2.train.hellaswag_in_loop import InLoopHellaSwag
 from gpt2.train.optim import lr_at, set_lr
+from gpt2.train.outcome import Outcome
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.rank_failures import RankFailures
 from gpt2.train.report import log_loss_curve, log_samples
@@ -49,20 +50,6 @@ from gpt2.train.step import evaluate, train_step_with_flags, unwrapped
 from gpt2.train.throughput import Throughput, mfu, now, peak_flops, synchronize
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    run_name: str
-    checkpoint: str | None
-    steps: int
-    train_loss: float | None
-    val_loss: float | None
-    tokens_per_second: float
-    mlflow_run_id: str | None
-    preempted: bool = False
-    spikes: dict | None = None  # loss spikes by action (gpt2.train.spikes.Spikes.counts)
-    skipped_steps: int | None = None  # steps fp16's loss scaler skipped (None: no scaler)
 
 
 def _every(done: int, interval: int, last: int) -> bool:
@@ -89,8 +76,7 @@ class Loop:
         self.saved_step = session.start_step
         self.throughput = Throughput()
         self.saved_tps = state.get("tokens_per_second", 0.0)
-        precision = session.precision.name if session.precision else "bf16"
-        self.peak = peak_flops(session.env.device, precision)
+        self.peak = peak_flops(session.env.device, session.precision.name if session.precision else "bf16")
         self.flops_per_token = session.raw_model.flops_per_token()
         self.log_every = max(1, self.cfg.train.max_steps // 100)
         self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
@@ -106,8 +92,7 @@ class Loop:
         if session.env.is_main and not state:
             self.tracker.log_params(self.cfg.model_dump(mode="json"))
             self.tracker.log_params({"resolved.runtime": asdict(session.memory)})  # what `auto` chose
-            if session.precision is not None:
-                self.tracker.log_params({"resolved.train.precision": session.precision.name})
+            self.tracker.log_params({"resolved.train.precision": getattr(session.precision, "name", None)})
             self.tracker.log_dict(self.cfg.model_dump(mode="json"), "config.json")
 
     def run(self) -> Outcome:
@@ -206,7 +191,9 @@ class Loop:
             self.failures.raise_agreed(done)
         self.throughput.add(cfg.total_batch_tokens, dt)
         # fp16: a gradient overflow is the loss scaler's to handle (it skipped the update), not a spike.
-        overflow = self._overflowed(done, loss)
+        overflow = s.ctx.scaler is not None and s.ctx.scaler.overflowed(done, loss)
+        if overflow and self.attempt is not None:
+            self.attempt.skipped_step(done)
         verdict = None if overflow else self.spikes.last if keep is not None else self.spikes.judge(done, loss, norm)
         spike = verdict is not None and verdict.spike and not lost  # a lost lease: stopping without writing
         if spike and self.spikes.rolls_back:
@@ -237,17 +224,6 @@ class Loop:
             self._save(done)
         return done, agreed
 
-    def _overflowed(self, done: int, loss: float) -> bool:
-        """The loss scaler skipped step `done` (an inf or nan gradient, a finite loss)."""
-        scaler = self.s.ctx.scaler
-        if scaler is None or not scaler.last_skipped or not math.isfinite(loss):
-            return False
-        log.info("step %d: an fp16 gradient overflowed; the loss scaler skipped the update and lowered its scale "
-                 "to %g (%d skipped so far)", done, scaler.scale_value, scaler.skipped)
-        if self.attempt is not None:
-            self.attempt.skipped_step(done)
-        return True
-
     def _validate(self, done: int) -> float | None:
         if not _every(done, self.cfg.train.eval_every, self.cfg.train.max_steps):
             return None
@@ -265,9 +241,7 @@ class Loop:
                    "perf/data_wait_s": data_wait}
         if util is not None:
             metrics["perf/mfu"] = util
-        if self.s.ctx.scaler is not None:  # fp16: the loss scale and the steps it skipped so far
-            metrics["train/loss_scale"] = self.s.ctx.scaler.scale_value
-            metrics["train/skipped_steps"] = self.s.ctx.scaler.skipped
+        metrics.update(self.s.ctx.scaler.metrics() if self.s.ctx.scaler is not None else {})  # fp16's scaler
         if val is not None:
             metrics["val/loss"] = val
         self.tracker.log_metrics(metrics, step=done)

@@ -260,14 +260,7 @@ ADAMW_BYTES_PER_PARAM = 4 + 4
 # Per token and channel and block under recomputation: the block's fp32 input,
 # the one tensor a checkpointed block keeps for backward.
 RECOMPUTE_BYTES_PER_CHANNEL = 4
-# fp16 with a loss scaler (train.precision, gpt2.train.precision) holds what bf16
-# holds: fp16 is as wide as bf16, the master weights stay fp32, and the scaler
-# unscales the gradients in place; its own state is a few scalars (the scale, the
-# growth tracker, one inf flag a device). fp32 (no autocast) keeps every saved
-# activation in 4 bytes where bf16 keeps 2 or 4, and no low-precision copy of the weights.
-SCALER_BYTES = 3 * 4
-FP32_ACTIVATION_BYTES_PER_CHANNEL = 8 + 8 + 12 + 8 + 16 + 16
-FP32_LOGIT_BYTES_PER_ENTRY = 4 + 4 + 4
+SCALER_BYTES, FP32_ACTIVATION_BYTES_PER_CHANNEL = 3 * 4, 68  # fp16: bf16's + the scaler's 3 scalars; fp32: 4 B
 FRAGMENTATION = 1.1  # the caching allocator's slack over the tensors it holds
 RESERVED_BYTES = 1 << 30  # CUDA context, cuBLAS workspaces
 
@@ -275,27 +268,19 @@ RESERVED_BYTES = 1 << 30  # CUDA context, cuBLAS workspaces
 def estimate_step_bytes(n_params: int, n_layer: int, n_embd: int, vocab_size: int, tokens: int,
                         optimizer_shards: int = 1, recompute: bool = False, optimizer: str = "adamw",
                         precision: str = "bf16") -> int:
-    """Estimated peak GPU memory of one eager bf16 training step (forward,
-    backward, AdamW) over `tokens` = micro-batch × block_size tokens: what the
-    micro-batch search (gpt2.train.step.find_micro_batch) would find fits.
-    `optimizer_shards`: ranks AdamW's state is split over (ZeRO-1; 1: not
-    split). `recompute`: the blocks keep only their inputs, and backward
-    rebuilds one block's activations at a time. `optimizer`: with `muon` the
-    blocks' matrices (12 n_embd² a block) keep one buffer, not two moments.
-    `precision` (train.precision as resolved): fp16 adds its loss scaler's state
-    to bf16's; fp32 keeps wider activations and no low-precision weights.
-    An estimate for planning only; the search itself runs real steps."""
+    """Estimated peak GPU memory of one eager training step (forward, backward, AdamW) over `tokens` =
+    micro-batch × block_size tokens in `precision` (bf16, fp16, fp32: gpt2.train.precision): what the
+    micro-batch search (gpt2.train.step.find_micro_batch) would find fits. `optimizer_shards`: ranks
+    AdamW's state is split over (ZeRO-1; 1: not split). `recompute`: the blocks keep only their inputs,
+    and backward rebuilds one block's activations at a time. `optimizer`: with `muon` the blocks'
+    matrices (12 n_embd² a block) keep one buffer, not two moments. For planning; the search runs steps."""
     fp32 = precision == "fp32"
     activations = FP32_ACTIVATION_BYTES_PER_CHANNEL if fp32 else ACTIVATION_BYTES_PER_CHANNEL
-    if recompute:
-        blocks = RECOMPUTE_BYTES_PER_CHANNEL * n_layer + activations
-    else:
-        blocks = activations * n_layer
-    per_token = ((blocks + (8 if fp32 else 6)) * n_embd
-                 + (FP32_LOGIT_BYTES_PER_ENTRY if fp32 else LOGIT_BYTES_PER_ENTRY) * vocab_size)
+    blocks = RECOMPUTE_BYTES_PER_CHANNEL * n_layer + activations if recompute else activations * n_layer
+    per_token = (blocks + (8 if fp32 else 6)) * n_embd + LOGIT_BYTES_PER_ENTRY * vocab_size
     # fp32 weights and moments, autocast's bf16 copy: STATIC_BYTES_PER_PARAM + ADAMW_BYTES_PER_PARAM a parameter.
-    static = resident_bytes(4 * n_params, 4 * n_params / optimizer_shards, 0 if fp32 else 2 * n_params)
-    static += SCALER_BYTES if precision == "fp16" else 0
+    static = resident_bytes(4 * n_params, 4 * n_params / optimizer_shards, 0 if fp32 else 2 * n_params) + (
+        SCALER_BYTES if precision == "fp16" else 0)
     if optimizer == "muon":  # one fp32 buffer instead of two moments for each matrix
         static -= 4 * 12 * n_embd * n_embd * n_layer / optimizer_shards
     return int(RESERVED_BYTES + static + FRAGMENTATION * per_token * tokens)

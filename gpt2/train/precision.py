@@ -26,12 +26,15 @@ capability 8.0 in fp16/bf16, the memory-efficient kernel below it (T4, V100, P10
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import torch
 
 from gpt2.errors import UserError
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -150,6 +153,19 @@ class LossScaler:
     @property
     def scale_value(self) -> float:
         return self.scaler.get_scale()
+
+    def overflowed(self, step: int, loss: float) -> bool:
+        """Step `step` was skipped for an inf or nan gradient under a finite loss
+        (a non-finite loss is the loop's to judge: the training diverged)."""
+        if not self.last_skipped or not math.isfinite(loss):
+            return False
+        log.info("step %d: an fp16 gradient overflowed; the loss scaler skipped the update and lowered its scale "
+                 "to %g (%d skipped so far)", step, self.scale_value, self.skipped)
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        """The run's MLflow metrics of the scaler: its scale and the steps it skipped so far."""
+        return {"train/loss_scale": self.scale_value, "train/skipped_steps": self.skipped}
 
     def state_dict(self) -> dict:
         """JSON-able: the scale is a power of two, the growth tracker an int."""

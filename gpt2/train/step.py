@@ -59,12 +59,8 @@ def train_step_with_flags(model: torch.nn.Module, raw_model: torch.nn.Module, op
     With `keep_update(loss, grad_norm)` that one read comes before the
     optimizer step instead, and the optimizer steps only if it answers True
     (train.on_spike=skip): a dropped update leaves the optimizer state as it
-    was. Every rank reads the same all-reduced numbers, so all agree.
-
-    With a loss scaler (fp16) the gradients are unscaled before clipping,
-    the scaler steps the optimizer (not at all when a gradient is inf or nan:
-    such a step is the scaler's, not a loss spike, and is not judged by
-    `keep_update`) and updates its scale."""
+    was. Every rank reads the same all-reduced numbers, so all agree. fp16's loss scaler unscales
+    before clipping and skips a step with an inf/nan gradient (not a spike: no `keep_update`)."""
     device, scaler = ctx.env.device, ctx.scaler
     optimizer.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), device=device)
@@ -225,8 +221,7 @@ def _probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: int,
     x = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(ctx.env.device)
     with memory.steady_state(model, optimizer, ddp=ctx.env.is_distributed or accumulating), \
             memory.communication_reserve(ctx.env.device, ctx.env.world_size):
-        # A scaler of its own: the run's scale is not moved by the probe's steps.
-        scaler = LossScaler(ctx.env.device.type) if ctx.scaler is not None else None
+        scaler = LossScaler(ctx.env.device.type) if ctx.scaler is not None else None  # the run's scale stays
         train_step(model, model, optimizer, [(x[:, :-1], x[:, 1:])],
                    StepContext(env=_local(ctx.env), amp=ctx.amp, grad_clip=1.0, memory_limit_mb=ctx.memory_limit_mb,
                                scaler=scaler))
