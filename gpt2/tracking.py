@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -26,14 +25,13 @@ from gpt2 import layout, seeded_store
 from gpt2.config import Config
 from gpt2.outbox import Outbox
 from gpt2.secrets import redact
+from gpt2.tracking_experiment import ensure_experiment
+from gpt2.tracking_names import MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, flatten, metric_name
 
 log = logging.getLogger(__name__)
 
-# The experiment's kind as MLflow's UI sets it when a user picks one: an ML, not a GenAI, experiment.
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 # MLflow 3.17's UI mode: the link's `workflowType`, else localStorage (GenAI until switched), never the tag.
 UI_MODE_QUERY = "workflowType=machine_learning"
-MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, MAX_PARAM_CHARS = 1000, 100, 6000  # MLflow's log_batch limits
 
 
 def default_tracking_uri(config: Config) -> str:
@@ -64,42 +62,9 @@ def ui_link(uri: str, experiment_id: str | None, run_id: str | None = None) -> s
     return f"{base}/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_MODE_QUERY}"
 
 
-def ensure_experiment(client: Any, name: str, artifact_location: str) -> str:
-    """The id of experiment `name`, created if missing, tagged with its kind (EXPERIMENT_KIND)."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an earlier release, or by hand
-            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location,
-                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-    except Exception:  # noqa: BLE001 - another process created it first
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
-
-
 def artifact_location(config: Config) -> str:
     """Under the artifact root (not ./mlruns in the cwd) where MLflow can write; else the work dir."""
     return layout.mlflow_artifacts(config)
-
-
-def metric_name(key: str) -> str:
-    """MLflow accepts letters, digits and `_-. :/` only (lm-eval emits `acc,none`)."""
-    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key)
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, str]:
-    """{"train": {"lr": 6e-4}} -> {"train.lr": "0.0006"} for MLflow params."""
-    out: dict[str, str] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = str(value)[:MAX_PARAM_CHARS]
-    return out
 
 
 def _last_steps(run: Any) -> dict[str, int]:

@@ -15,7 +15,8 @@ from cli.stack import commands
 from cli.stack.commands import _runs_page
 from gpt2 import layout
 from gpt2.config import Config, RuntimeConfig
-from gpt2.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_MODE_QUERY
+from gpt2.tracking import UI_MODE_QUERY
+from gpt2.tracking_experiment import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 
 
 def test_the_stack_link_opens_the_runs_table_of_the_experiment_the_stages_use(tmp_path):

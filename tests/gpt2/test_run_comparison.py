@@ -53,7 +53,7 @@ def test_the_loss_references_follow_each_runs_data():
 def test_a_runs_dataset_is_read_from_its_logged_params(preset, overrides, dataset):
     from gpt2.overrides import resolve_config
     from gpt2.reference_lines import dataset_of
-    from gpt2.tracking import flatten
+    from gpt2.tracking_names import flatten
 
     params = {k: str(v) for k, v in flatten(resolve_config(preset, overrides).model_dump(mode="json")).items()}
     assert dataset_of(params) == dataset

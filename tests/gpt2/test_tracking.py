@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mlflow import MlflowClient
 
-from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, flatten, metric_name, ui_link
+from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, ui_link
+from gpt2.tracking_names import flatten, metric_name
 from tests.gpt2.train.fixtures import tiny_config
 
 
