@@ -200,10 +200,9 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     _say(f"pipeline {i}: flow run {parent}")
     faults, trainers_seen = [], set()
     deadline = time.monotonic() + opts.timeout_s
-    for _ in range(min(opts.per_pipeline, faults_left)):
-        wait = injector.rng.uniform(*opts.gap_s)
-        end = time.monotonic() + wait
-        while time.monotonic() < end:
+    began = time.monotonic()
+    for at in sorted(injector.rng.uniform(*opts.window_s) for _ in range(min(opts.per_pipeline, faults_left))):
+        while time.monotonic() < began + at:
             trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
             time.sleep(0.5)
         run = stack.read(parent)
@@ -251,6 +250,7 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
         unmount(place)
     result = {"pipeline": i, **outcome, "completed": run is not None and run.state.is_completed(),
               "reruns": reruns, "faults": [vars(f) for f in faults], "trainers": len(trainers_seen),
+              "own_filesystem": small,
               **findings.as_dict()}
     _say(f"pipeline {i}: {'completed' if result['completed'] else 'NOT completed'}; "
          f"{len(findings.lost)} lost, {len(findings.duplicates)} duplicated, {len(findings.problems)} problem(s)")
@@ -273,7 +273,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     reference = reference_digest(env, base)
     _say("standing up the stack")
     stack = Stack(env, base, opts.max_reschedules)
-    supervisor = chaos_faults.Supervisor(stack.state_dir, timing, _say).start()
+    supervisor = chaos_faults.Supervisor(stack.state_dir, timing, _say, env).start()
     injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng, tuple(opts.kinds), _say)
     pipelines = []
     try:
@@ -294,11 +294,14 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
         "lost": sum(len(p["lost"]) for p in pipelines),
         "duplicates": sum(len(p["duplicates"]) for p in pipelines),
         "problems": sum(len(p["problems"]) for p in pipelines),
+        # disk-full needs a filesystem of the pipeline's own (a tmpfs: the right to mount).
+        "unavailable": ["disk-full"] if "disk-full" in opts.kinds and not any(
+            p["own_filesystem"] for p in pipelines) else [],
         "restarts": supervisor.restarts, "supervisor_errors": supervisor.errors,
         "hit_trainer": sum(f["hit_trainer"] for p in pipelines for f in p["faults"]),
         "elapsed_s": round(time.monotonic() - started, 1),
         "options": {"pause_s": list(opts.pause_s), "mlflow_away_s": opts.mlflow_away_s,
-                    "disk_full_s": opts.disk_full_s, "gap_s": list(opts.gap_s), "kinds": list(opts.kinds)},
+                    "disk_full_s": opts.disk_full_s, "window_s": list(opts.window_s), "kinds": list(opts.kinds)},
         "details": pipelines,
     }
     if not opts.dir and not opts.keep:
@@ -331,7 +334,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--faults", type=int, default=5, help="faults to inject in all")
     p.add_argument("--pipelines", type=int, default=1, help="at least this many pipelines")
     p.add_argument("--per-pipeline", type=int, default=3, help="at most this many faults per pipeline")
-    p.add_argument("--gap-s", type=_pair, default=(10.0, 40.0), help="seconds between faults: LOW,HIGH")
+    p.add_argument("--window-s", type=_pair, default=(10.0, 240.0),
+                   help="a pipeline's faults come at moments drawn from LOW,HIGH seconds after its start "
+                        "(a smoke pipeline takes ~3-4 minutes on two cores)")
     p.add_argument("--pause-s", type=_pair, default=(30.0, 120.0), help="how long a SIGSTOP lasts: LOW,HIGH")
     p.add_argument("--mlflow-away-s", type=float, default=180.0, help="how long mlflow-away keeps MLflow down")
     p.add_argument("--disk-full-s", type=float, default=30.0, help="how long disk-full keeps the disk full")

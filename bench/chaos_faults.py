@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,6 +40,8 @@ from typing import Callable
 import psutil
 
 from cli.stack import processes, services
+
+PROJECT = Path(__file__).resolve().parent.parent
 
 MARK_ENV = "GPT2_CHAOS_SOAK"
 """Set in the soak's stack environment: every process of it carries the soak's id."""
@@ -152,8 +156,8 @@ class Supervisor:
     """The platform: brings a dead server or worker back after a delay (a
     part can be held down longer: `hold`). Counts what it restarted."""
 
-    def __init__(self, state_dir: Path, timing: Timing, log: Callable[[str], None]):
-        self.state_dir, self.timing, self.log = state_dir, timing, log
+    def __init__(self, state_dir: Path, timing: Timing, log: Callable[[str], None], env: dict[str, str]):
+        self.state_dir, self.timing, self.log, self.env = state_dir, timing, log, env
         self.restarts: dict[str, int] = {}
         self.errors: list[str] = []
         self._held_until: dict[str, float] = {}
@@ -195,12 +199,17 @@ class Supervisor:
             if now - since < self.timing.restart_delay_s or now < held:
                 continue
             self.log(f"supervisor: {name} is down; restarting it")
-            try:
-                services.restart(self.state_dir, name)
+            # In the stack's own environment (its home, its mark), as the unit
+            # file or the pod spec that started it would.
+            done = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                                   "from cli.stack.services import restart; restart(Path(sys.argv[1]), sys.argv[2])",
+                                   str(self.state_dir), name], env=self.env, cwd=PROJECT, capture_output=True,
+                                  text=True, timeout=600)
+            if done.returncode == 0:
                 self.restarts[name] = self.restarts.get(name, 0) + 1
-            except Exception as err:  # noqa: BLE001 - a platform retries; the error goes into the soak's result
-                self.errors.append(f"restarting {name}: {err}")
-                self.log(f"supervisor: restarting {name} failed: {err}")
+            else:  # a platform retries at the next round; the error goes into the soak's result
+                self.errors.append(f"restarting {name}: {done.stderr.strip()[-500:]}")
+                self.log(f"supervisor: restarting {name} failed: {done.stderr.strip()[-300:]}")
             self._dead_since.pop(name, None)
 
 
