@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import chaos_checks, chaos_faults
-from bench.records import commit
+from gpt2.figures_on_record import commit
 
 RESULTS = Path(__file__).with_name("chaos_results.jsonl")
 PROJECT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from gpt2.tracking import Tracker, default_tracking_uri
 from tasks import runs_report
 from tasks.runs_report import _hellaswag_note, experiment_id, hellaswag_items, make_report, open_store, report_data
 from tests.gpt2.train.fixtures import tiny_config
-from tests.tasks.tracked_runs import evaluate_run, training_run
+from tests.tasks.tracked_runs import evaluate_run, logged_again, training_run
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
 pytestmark = pytest.mark.xdist_group("runs_report")
@@ -28,10 +28,10 @@ def store(tmp_path_factory):
                for tokens, lr in ((256, 3e-3), (512, 1e-3), (256, 1e-4)))
     a_id = training_run(a, {"val/loss": [(4, 9.5), (8, 8.5)], "hellaswag/acc_norm": [(4, 0.25), (8, 0.26)],
                             "spikes/skipped": [(3, 1.0)], "spikes/rollback": [(7, 6.0)]})
-    # Killed after step 8's metrics, resumed from step 6's checkpoint: step 8 is logged again, and the
-    # rollback at step 7 (killed before its record was written, it met the same spike again).
-    training_run(a, {"val/loss": [(8, 8.25)], "hellaswag/acc_norm": [(8, 0.27)], "spikes/rollback": [(7, 6.0)]},
-                 run_id=a_id)
+    # Step 8 logged again (a rollback redid it, or a release before resumed runs skipped the steps they
+    # hold logged it), and the rollback at step 7 twice (killed before its record was written, it met the
+    # same spike again).
+    logged_again(a, a_id, {"val/loss": [(8, 8.25)], "hellaswag/acc_norm": [(8, 0.27)], "spikes/rollback": [(7, 6.0)]})
     b_id = training_run(b, {"val/loss": [(5, 9.0), (10, 8.0)], "hellaswag/acc_norm": [(10, 0.28)]})
     eval_id = evaluate_run(b, step=10, acc_norm=0.3, stderr=0.2)
     c_id = training_run(c, {"train/loss": [(1, 10.9), (2, 10.7)]})

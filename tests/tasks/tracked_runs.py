@@ -8,7 +8,7 @@ from __future__ import annotations
 from gpt2 import layout
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config import Config
-from gpt2.tracking import Tracker
+from gpt2.tracking import Tracker, default_tracking_uri
 from tasks.tracking import checkpoint_tags, stage_run
 
 
@@ -22,6 +22,20 @@ def training_run(config: Config, metrics: dict[str, list[tuple[int, float]]], ru
             for step, value in points:
                 tracker.log_metrics({name: value}, step=step)
     return tracker.run_id
+
+
+def logged_again(config: Config, run_id: str, metrics: dict[str, list[tuple[int, float]]]) -> None:
+    """Points written into `run_id` at steps it already holds, as a run holds
+    them after a rollback redid its steps, or one logged before a resumed
+    tracker skipped the steps its run holds (gpt2.tracking)."""
+    import time
+
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    MlflowClient(default_tracking_uri(config)).log_batch(run_id, metrics=[
+        Metric(name, value, now, step) for name, points in metrics.items() for step, value in points])
 
 
 def evaluate_run(config: Config, step: int, acc_norm: float, stderr: float | None = None) -> str:
