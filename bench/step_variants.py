@@ -9,7 +9,7 @@ it is, in the same process, interleaved.
 
 A variant is a context active while its model is compiled and stepped (an
 attention backend, an inductor option) or another micro-batch; the baseline is
-`baseline`: the trainer's compiled step (gpt2.train.session.compiled) with the
+`baseline`: the trainer's compiled step (gpt2.train.compile_choice.compiled) with the
 micro-batch `auto` picks. Each variant gets its own model, optimizer and data
 path, so compiled graphs never mix. Ratios are tokens/s over the baseline's,
 best and median of `--steps` interleaved iterations.
@@ -86,7 +86,7 @@ def build(name: str, cfg: ModelConfig, env, batch: int, accum: int, data: Path, 
     torch.manual_seed(0)
     raw = GPT(cfg).to(env.device)
     opt = make_optimizer(raw, TrainConfig(), env.device_type)
-    model = torch.compile(raw, dynamic=False) if compile else raw  # as gpt2.train.session.compiled
+    model = torch.compile(raw, dynamic=False) if compile else raw  # as gpt2.train.compile_choice.compiled
     loader = synthetic_loader(data / name, cfg.block_size, micro, int(accum * batch / micro), env)
     step = _iteration(model, raw, opt, loader, StepContext(env, amp_dtype(env.device), 1.0))
 

@@ -11,7 +11,10 @@ the artifacts alone the smoke model's first step took 17.6 s of a cold 27.6 s,
 with the files too 2.4 s). The key holds everything that makes a program
 unusable elsewhere: torch and Triton versions, the device (name and compute
 capability, or the CPU's architecture and instruction-set flags), the model,
-the micro-batch shape, the dtype, the compile options and the rank count.
+the micro-batch shape, the dtype the run computes in (train.precision as
+resolved: an fp16 run and a bf16 run compile different programs), the compile
+options and the rank count. Where compiling failed, why is recorded beside
+the key (gpt2.train.compile_choice).
 
 The root is data, never code: a compiled program is code, so a blob is
 signed (HMAC-SHA256) with a secret that is not in the root: $GPT2_COMPILE_
@@ -70,8 +73,14 @@ def _version(package: str) -> str | None:
         return None
 
 
-def key_fields(config: Config, device: torch.device, micro_batch: int, recompute: bool, world_size: int) -> dict:
-    """What a compiled program depends on, beyond the graph inductor keys itself."""
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""train.precision as resolved (gpt2.train.precision) -> the key's dtype."""
+
+
+def key_fields(config: Config, device: torch.device, micro_batch: int, recompute: bool, world_size: int,
+               precision: str = "fp32") -> dict:
+    """What a compiled program depends on, beyond the graph inductor keys itself;
+    `precision`: train.precision as resolved (bf16, fp16, fp32; a CPU run's is fp32)."""
     if device.type == "cuda":
         where = {"device": torch.cuda.get_device_name(device),
                  "capability": list(torch.cuda.get_device_capability(device)), "cuda": torch.version.cuda}
@@ -79,7 +88,7 @@ def key_fields(config: Config, device: torch.device, micro_batch: int, recompute
         where = {"device": device.type, "machine": platform.machine(), "cpu_flags": _cpu_flags()}
     return {"torch": torch.__version__, "triton": _version("triton"), **where,
             "model": config.model.model_dump(mode="json"), "micro_batch": micro_batch,
-            "dtype": "bfloat16" if device.type == "cuda" else "float32", "compile": {"dynamic": False},
+            "dtype": DTYPE_NAMES[precision], "compile": {"dynamic": False},
             "recompute": recompute, "world_size": world_size}
 
 
@@ -246,19 +255,20 @@ class Travel:
 
     fields: dict
     status: str
-    """`loaded`, `absent` or `refused` before the first step; `saved` once this attempt saved it."""
+    """`loaded`, `absent` or `refused` before the first step; `saved` once this attempt saved it;
+    `failed` when compiling failed and the run trains eagerly (gpt2.train.compile_choice)."""
     since: float
     """When this attempt's compilation could begin (the files it adds are newer)."""
 
     @classmethod
     def begin(cls, config: Config, device: torch.device, micro_batch: int, recompute: bool,
-              world_size: int) -> Travel:
+              world_size: int, precision: str) -> Travel:
         """Before the first step: the run's program for this key, loaded when it is there."""
-        fields = key_fields(config, device, micro_batch, recompute, world_size)
+        fields = key_fields(config, device, micro_batch, recompute, world_size, precision)
         return cls(fields, load(config, fields), time.time())
 
     def after_first_step(self, config: Config, is_main: bool) -> None:
         """Rank 0 saves the program this attempt compiled, unless it was loaded (a refused one is replaced)."""
-        if self.status != "loaded" and is_main and save(config, self.fields, self.since,
-                                                        replace=self.status == "refused"):
+        if self.status not in ("loaded", "failed") and is_main and save(config, self.fields, self.since,
+                                                                         replace=self.status == "refused"):
             self.status = "saved"

@@ -125,7 +125,10 @@ class RuntimeConfig(_Section):
     """`auto`, `cpu`, `cuda`, `cuda:N` or `mps`."""
     compile: bool | Literal["auto"] = "auto"
     """Compile the model with torch.compile (static shapes): true, false, or `auto`,
-    which compiles on CUDA and runs eagerly elsewhere (CPU, MPS)."""
+    which compiles on CUDA cards Triton compiles for (compute capability 7.0 and up)
+    and runs eagerly elsewhere (CPU, MPS, a P100): where compiling fails, `auto` trains
+    eagerly with one warning (and the run's later attempts start eagerly), `true`
+    stops with the error."""
     nproc_per_node: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """Processes (GPUs) to train with; >1 runs torchrun. `auto`: one per GPU visible
     on the machine that trains (1 without a GPU or with a CPU/MPS `runtime.device`),

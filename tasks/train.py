@@ -26,9 +26,10 @@ from gpt2.ladder import LeftRung
 from gpt2.launch.torchrun import train_stage
 from gpt2.preflight.child import PreflightFailed
 from gpt2.steps import with_resolved_steps
+from gpt2.train.compile_choice import resolve_compile
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import Preempted
-from gpt2.train.session import TrainingError, resolve_compile
+from gpt2.train.session import TrainingError
 from tasks.common import ProgressArtifact, identity_cache_key
 from tasks.preflight import preflight_first
 

@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpt2 import compile_cache
 from gpt2.config import Config
 from gpt2.distributed import DistEnv
 from gpt2.model import GPT
 from gpt2.plan import EVAL_FLOPS_FRACTION, count_every, gpu_of_device, make_plan, model_size
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
 from gpt2.train import memory
+from gpt2.train.compile_choice import Built, CompileError, build, eager, warm_up_or_fall_back
 from gpt2.train.optim import make_optimizer
-from gpt2.train.parallel import wrap_ddp
 from gpt2.train.precision import LossScaler
-from gpt2.train.session import check_batch_shape, choose_micro_batch, compiled, resolve_compile, resolve_precision
+from gpt2.train.session import check_batch_shape, choose_micro_batch, resolve_precision
 from gpt2.train.step import Batch, StepContext, find_micro_batch, micro_batch_candidates, train_step, warm_up
 from gpt2.train.throughput import mfu, peak_flops, synchronize
 
@@ -50,6 +49,10 @@ class StepRun:
     """The run's compiled program (gpt2.compile_cache): loaded, saved, absent or refused."""
     fits_with: str = ""
     """The memory savers that fit needs beyond the configured ones ("" for none)."""
+    compile_fallback: str | None = None
+    """Why runtime.compile=auto trains eagerly here (gpt2.train.compile_choice); None: it does not."""
+    compile_error: str | None = None
+    """runtime.compile=true where compiling fails: the one-line error the trainer would stop with."""
 
 
 def _batches(micro: int, accumulation: int, seq_len: int, vocab: int, device: torch.device) -> list[Batch]:
@@ -90,42 +93,59 @@ def run_steps(config: Config, env: DistEnv, steps: int) -> StepRun:
         return out
     out.micro_batch, out.accumulation = micro, seqs // micro
     out.shard_optimizer, out.recompute = mem.shard_optimizer, mem.recompute
-    out.compiled = resolve_compile(rt.compile, env.device)
     optimizer = make_optimizer(raw, config.train, env.device_type, mem.shard_optimizer)
     # The run's own program: loaded when an attempt saved it, else saved here for the run.
-    travel = compile_cache.Travel.begin(config, env.device, micro, mem.recompute, env.world_size) \
-        if out.compiled else None
-    out.compile_cache = travel.status if travel else None
-    model = compiled(raw, config, env.device)
-    if env.is_distributed:
-        model = wrap_ddp(model, raw, env)
+    try:
+        built = build(raw, config, env, micro, mem.recompute, precision.name)
+    except CompileError as err:
+        out.compile_error, built = str(err), eager(raw, env)
+    _note(out, built)
     batches = _batches(micro, out.accumulation, config.model.block_size, config.model.vocab_size, env.device)
     if env.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(env.device)
     try:
         for i in range(steps + 1):
             started = time.perf_counter()
-            if i == 0 and travel is not None:  # as the trainer compiles: the validation's program travels too
-                warm_up(model, raw, optimizer, micro, config.model.block_size, ctx)
-            train_step(model, raw, optimizer, batches, ctx)  # returns the loss: the host has waited for the step
+            if i == 0:  # as the trainer compiles: the validation's program travels too
+                built = _first_compiled_step(built, raw, optimizer, micro, ctx, config, out)
+            train_step(built.model, raw, optimizer, batches, ctx)  # returns the loss: the host has waited for the step
             synchronize(env.device)
             seconds = time.perf_counter() - started
             if i == 0:
                 out.first_step_s = seconds
-                if travel is not None:
-                    travel.after_first_step(config, env.is_main)
-                    out.compile_cache = travel.status
+                if built.travel is not None:
+                    built.travel.after_first_step(config, env.is_main)
+                    out.compile_cache = built.travel.status
             else:
                 out.step_s.append(seconds)
     except torch.OutOfMemoryError as err:
         out.error = f"{type(err).__name__}: {str(err).splitlines()[0]}"
     finally:
         out.peak_bytes = _peak_bytes(env.device)
-        del model, optimizer, batches
+        del built, optimizer, batches
         memory.release(env.device)
     if out.error and config.train.micro_batch_size != "auto":
         out.fits, out.fits_with = _what_fits(config, raw, seqs, ctx)
     return out
+
+
+def _first_compiled_step(built: Built, raw: GPT, optimizer: torch.optim.Optimizer, micro: int, ctx: StepContext,
+                         config: Config, out: StepRun) -> Built:
+    """The trainer's warm-up of the compiled model, and its fallback (gpt2.train.compile_choice)."""
+    def warm(model: torch.nn.Module) -> None:
+        warm_up(model, raw, optimizer, micro, config.model.block_size, ctx)
+
+    try:
+        built = warm_up_or_fall_back(built, raw, config, ctx.env, warm)
+    except CompileError as err:
+        out.compile_error, built = str(err), eager(raw, ctx.env)
+    _note(out, built)
+    return built
+
+
+def _note(out: StepRun, built: Built) -> None:
+    out.compiled, out.compile_fallback = built.compiling, built.fallback
+    out.compile_cache = built.travel.status if built.travel else None
 
 
 def _what_fits(config: Config, raw: GPT, seqs: int, ctx: StepContext) -> tuple[int | None, str]:
@@ -179,6 +199,10 @@ def memory_check(config: Config, env: DistEnv, run: StepRun) -> Outcome:
 
 
 def compile_check(run: StepRun) -> Outcome:
+    if run.compile_error:
+        raise Failed(run.compile_error)
+    if run.compile_fallback:
+        raise Warned(f"runtime.compile={run.compile_fallback}, as the run will", compile_cache=run.compile_cache)
     if not run.compiled:
         raise Skipped("runtime.compile is off for this device (auto compiles on CUDA only)")
     steady = statistics.median(run.step_s) if run.step_s else 0.0

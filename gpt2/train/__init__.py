@@ -5,6 +5,7 @@
     status_file.py  the JSON-lines status file a trainer in a child process reports through
     preemption.py   SIGTERM held back until the checkpoint is written, then handed on
     session.py      what a run builds before its first step (data, model, resume)
+    compile_choice.py  runtime.compile by device; eager, with one warning, where compiling fails
     loop.py         steps, validation, samples, checkpoints, metrics
     step.py         one optimizer step, a validation pass, the micro-batch search
     optim.py        AdamW groups and the learning-rate schedule

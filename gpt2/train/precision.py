@@ -89,7 +89,8 @@ class Precision:
         return f"{self.name}{scaler} ({self.why})"
 
 
-def _where(caps: DeviceCaps) -> str:
+def where(caps: DeviceCaps) -> str:
+    """The device as messages name it: its name and, on CUDA, its compute capability."""
     cc = f", compute capability {caps.capability[0]}.{caps.capability[1]}" if caps.capability else ""
     return f"{caps.name}{cc}"
 
@@ -100,15 +101,15 @@ def choose_precision(setting: str, caps: DeviceCaps) -> Precision:
     if setting not in PRECISIONS:
         raise PrecisionError(f"train.precision={setting!r} is not one of {', '.join(PRECISIONS)}")
     if setting == "bf16" and caps.type == "cuda" and not caps.bf16:
-        raise PrecisionError(f"train.precision=bf16 but {_where(caps)} has no native bf16: "
+        raise PrecisionError(f"train.precision=bf16 but {where(caps)} has no native bf16: "
                              "set train.precision=fp16 (with loss scaling) or auto")
     if setting != "auto":
         return Precision(setting, f"train.precision={setting}")
     if caps.type != "cuda":
         return Precision("fp32", f"auto on {caps.name}: fp32 keeps a CPU run exact")
     if caps.bf16:
-        return Precision("bf16", f"auto: {_where(caps)} has native bf16")
-    return Precision("fp16", f"auto: {_where(caps)} has no native bf16")
+        return Precision("bf16", f"auto: {where(caps)} has native bf16")
+    return Precision("fp16", f"auto: {where(caps)} has no native bf16")
 
 
 def attention_kernel(caps: DeviceCaps, precision: Precision) -> str:

@@ -18,7 +18,7 @@ from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
-from gpt2.train.session import TrainingError, open_session, resolve_compile, take_lease
+from gpt2.train.session import TrainingError, open_session, take_lease
 from gpt2.train.startup import StartupParts
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class TrainResult:
     """What the run cost so far, every attempt included (gpt2.bill.training_bill)."""
     compile_cache: str | None = None
     """The compiled program (gpt2.compile_cache): `loaded` from the run (a warm start), `saved` to it,
-    `absent` or `refused` (compiled cold, not saved); None without runtime.compile."""
+    `absent` or `refused` (compiled cold, not saved), `failed` (compiling failed under runtime.compile=auto:
+    trained eagerly, gpt2.train.compile_choice); None without runtime.compile."""
     spikes: dict | None = None
     """Loss spikes of the run so far, by what was done (train.on_spike): `warned`, `skipped`,
     `rollbacks` (gpt2.train.spikes); the rolled-back timelines' own warnings and skips are not counted."""
@@ -122,8 +123,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             session = open_session(config, env, fresh, lease, clock)
             attempt.precision(session.precision.name)
             attempt.resumed(session.start_step, config.train.max_steps)
-            warmup = _Warmup(attempt.progress(progress), resolve_compile(config.runtime.compile, env.device), clock,
-                             attempt)
+            warmup = _Warmup(attempt.progress(progress), session.compiled, clock, attempt)
             loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard, attempt=attempt)
             outcome = loop.run()
         except BaseException as err:

@@ -28,9 +28,9 @@ from gpt2.errors import UserError
 from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
 from gpt2.train import memory
+from gpt2.train.compile_choice import Built, CompileError, build, warm_up_or_fall_back
 from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.optim import load_state, make_optimizer
-from gpt2.train.parallel import wrap_ddp
 from gpt2.train.precision import Precision, choose_precision, device_caps, make_scaler
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
@@ -61,9 +61,12 @@ class Session:
     memory: MemorySettings = field(default_factory=MemorySettings)
     """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
     compile_cache: compile_cache.Travel | None = None
-    """The compiled program's travel (gpt2.compile_cache); None when not compiling."""
+    """The compiled program's travel (gpt2.compile_cache); None when not compiling (status `failed`:
+    compiling failed under runtime.compile=auto and the run trains eagerly)."""
     precision: Precision | None = None
     """train.precision as resolved for this device (gpt2.train.precision)."""
+    compiled: bool = False
+    """The steps run a compiled model (gpt2.train.compile_choice)."""
 
 
 def check_batch_shape(config: Config, world_size: int) -> int:
@@ -181,22 +184,6 @@ def resolve_precision(config: Config, device: torch.device) -> Precision:
     return precision
 
 
-def resolve_compile(setting: bool | str, device: torch.device) -> bool:
-    """`runtime.compile`: `auto` compiles on CUDA only, where inductor's kernels
-    pay for their compile time; CPU and MPS runs stay eager."""
-    return device.type == "cuda" if setting == "auto" else bool(setting)
-
-
-def compiled(raw: GPT, config: Config, device: torch.device) -> torch.nn.Module:
-    """The model the steps run: compiled once, with static shapes (every step
-    has the same micro-batch shape, so dynamic kernels would only be slower)."""
-    if not resolve_compile(config.runtime.compile, device):
-        return raw
-    log.info("runtime.compile=%s: torch.compile on %s; the first step includes the compilation",
-             config.runtime.compile, device)
-    return torch.compile(raw, dynamic=False)
-
-
 def take_lease(config: Config, env: DistEnv, flow_run_id: str | None) -> Lease | None:
     """Rank 0 takes the run's lease before touching its checkpoints (--fresh
     included); a refusal stops every rank."""
@@ -260,19 +247,8 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
         if ckpt:
             load_state(optimizer, rank_state(ckpt.url, ckpt.entries, optimizer, env))
             restore_rng(ckpt.rng, env.device)
-    cache = None
-    if resolve_compile(config.runtime.compile, env.device):
-        with part("compile"):
-            cache = compile_cache.Travel.begin(config, env.device, micro, mem.recompute, env.world_size)
-    model = compiled(raw, config, env.device)
-    if env.is_distributed:
-        model = wrap_ddp(model, raw, env)
-    if cache is not None:
-        with part("compile"):  # while the first shards download (first_reads)
-            try:
-                warm_up(model, raw, optimizer, micro, config.model.block_size, ctx)
-            except torch.OutOfMemoryError as err:
-                raise TrainingError(memory.oom_message(config, micro, env.device, 1, err)) from err
+    with part("compile"):  # while the first shards download (first_reads)
+        built = _built(config, env, raw, optimizer, micro, mem.recompute, ctx, precision)
 
     with part("data"):
         loader = TrainLoader(source, config.model.block_size, config.train.total_batch_tokens, micro, env, order_seed)
@@ -281,7 +257,22 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
         val_tokens = config.train.val_steps * config.train.total_batch_tokens
         val = val_batches(source, config.model.block_size, val_tokens, micro, env)
     barrier(env)
-    return Session(config, env, raw, model, optimizer, loader, val, ctx, micro,
+    return Session(config, env, raw, built.model, optimizer, loader, val, ctx, micro,
                    start_step=ckpt.step if ckpt else 0, resumed_state=ckpt.state if ckpt else {},
-                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem, compile_cache=cache,
-                   precision=precision)
+                   resumed_url=ckpt.url if ckpt else None, lease=lease, memory=mem, compile_cache=built.travel,
+                   precision=precision, compiled=built.compiling)
+
+
+def _built(config: Config, env: DistEnv, raw: GPT, optimizer: torch.optim.Optimizer, micro: int, recompute: bool,
+           ctx: StepContext, precision: Precision) -> Built:
+    """The model the steps run, compiled and warmed up where runtime.compile and
+    the device say so, eager where compiling fails under `auto` (gpt2.train.compile_choice)."""
+    def warm(model: torch.nn.Module) -> None:
+        warm_up(model, raw, optimizer, micro, config.model.block_size, ctx)
+
+    try:
+        return warm_up_or_fall_back(build(raw, config, env, micro, recompute, precision.name), raw, config, env, warm)
+    except torch.OutOfMemoryError as err:
+        raise TrainingError(memory.oom_message(config, micro, env.device, 1, err)) from err
+    except CompileError as err:
+        raise TrainingError(str(err)) from err

@@ -74,6 +74,17 @@ def test_the_key_changes_with_whatever_makes_a_program_unusable_elsewhere(setup)
     assert compile_cache.load(config, {**fields, "torch": "2.99.0"}) == "absent"
 
 
+def test_the_key_takes_the_precision_the_run_trains_in(setup):
+    """fp16 and bf16 runs compile different programs; a CPU run's key (fp32) is what it was."""
+    config, fields, _ = setup
+    cpu = torch.device("cpu")
+    assert fields["dtype"] == "float32"  # every CPU key so far: its programs still load
+    assert compile_cache.key_fields(config, cpu, 4, False, 1, "fp32") == fields
+    keys = {p: compile_cache.key_of(compile_cache.key_fields(config, cpu, 4, False, 1, p))
+            for p in ("bf16", "fp16", "fp32")}
+    assert len(set(keys.values())) == 3 and keys["fp32"] == compile_cache.key_of(fields)
+
+
 def _damaged(blob: bytes, how: str) -> bytes:
     if how == "flipped":
         return blob[:-10] + bytes([blob[-10] ^ 0x01]) + blob[-9:]

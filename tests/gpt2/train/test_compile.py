@@ -10,7 +10,7 @@ import torch
 
 from gpt2 import storage
 from gpt2.checkpoint import store
-from gpt2.train import session
+from gpt2.train import compile_choice, session
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
@@ -20,14 +20,14 @@ from tests.gpt2.train.fixtures import tiny_config, write_dataset
     (True, "cpu", True), (False, "cuda", False),
 ])
 def test_auto_compiles_on_cuda_only(setting, device, expected):
-    assert session.resolve_compile(setting, torch.device(device)) is expected
+    assert compile_choice.resolve_compile(setting, torch.device(device)) is expected
 
 
 def test_auto_on_cpu_keeps_the_eager_model(tmp_path):
     config = tiny_config(tmp_path)  # runtime.compile defaults to auto
     assert config.runtime.compile == "auto"
     raw = torch.nn.Linear(2, 2)
-    assert session.compiled(raw, config, torch.device("cpu")) is raw
+    assert compile_choice.compiled(raw, config, torch.device("cpu")) is raw
 
 
 def test_the_probe_runs_eagerly_and_the_model_is_compiled_once_with_static_shapes(tmp_path, monkeypatch):
