@@ -201,14 +201,22 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     faults, trainers_seen = [], set()
     deadline = time.monotonic() + opts.timeout_s
     began = time.monotonic()
-    for at in sorted(injector.rng.uniform(*opts.window_s) for _ in range(min(opts.per_pipeline, faults_left))):
+    if opts.script:  # the script's moments count from the first trainer's start
+        while not chaos_faults.trainers(injector.mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        began = time.monotonic()
+        plan = [(at, kind) for kind, at in opts.script]
+    else:
+        plan = [(at, None) for at in sorted(injector.rng.uniform(*opts.window_s)
+                                            for _ in range(min(opts.per_pipeline, faults_left)))]
+    for at, kind in plan:
         while time.monotonic() < began + at:
             trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
             time.sleep(0.5)
         run = stack.read(parent)
         if run is not None and run.state.is_final() and not run.state.is_crashed():
             break
-        fault = injector.inject(i, disk)
+        fault = injector.inject(i, disk, kind)
         if fault is not None:
             faults.append(fault)
     while time.monotonic() < deadline:  # the rest of the run, trainers counted
@@ -268,20 +276,29 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     timing = chaos_faults.Timing(pause_s=opts.pause_s, mlflow_away_s=opts.mlflow_away_s,
                                  disk_full_s=opts.disk_full_s, restart_delay_s=opts.restart_delay_s)
     started = time.monotonic()
+    if opts.script:
+        opts.faults = len(opts.script) * opts.pipelines
     _say(f"seed {opts.seed}: {opts.faults} fault(s) over at least {opts.pipelines} pipeline(s) in {base}")
     _say("training the reference (no faults)")
     reference = reference_digest(env, base)
     _say("standing up the stack")
     stack = Stack(env, base, opts.max_reschedules)
     supervisor = chaos_faults.Supervisor(stack.state_dir, timing, _say, env).start()
-    injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng, tuple(opts.kinds), _say)
+    injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng,
+                                     tuple(k for k, _ in opts.script) or tuple(opts.kinds), _say)
     pipelines = []
+
+    def more() -> bool:
+        injected = sum(len(p["faults"]) for p in pipelines)
+        if len(pipelines) < opts.pipelines:
+            return True
+        # Drawn faults go on until all were injected (one may find no target: stop somewhere).
+        return not opts.script and injected < opts.faults and len(pipelines) < opts.pipelines + opts.faults
+
     try:
-        while len(pipelines) < opts.pipelines or sum(len(p["faults"]) for p in pipelines) < opts.faults:
+        while more():
             left = opts.faults - sum(len(p["faults"]) for p in pipelines)
             pipelines.append(run_pipeline(len(pipelines), stack, injector, opts, reference, left))
-            if len(pipelines) >= opts.pipelines + opts.faults:  # faults that found no target: stop somewhere
-                break
     finally:
         supervisor.stop()
         stack.down()
@@ -301,7 +318,8 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
         "hit_trainer": sum(f["hit_trainer"] for p in pipelines for f in p["faults"]),
         "elapsed_s": round(time.monotonic() - started, 1),
         "options": {"pause_s": list(opts.pause_s), "mlflow_away_s": opts.mlflow_away_s,
-                    "disk_full_s": opts.disk_full_s, "window_s": list(opts.window_s), "kinds": list(opts.kinds)},
+                    "disk_full_s": opts.disk_full_s, "window_s": list(opts.window_s), "kinds": list(opts.kinds),
+                    "script": [f"{kind}@{at:g}" for kind, at in opts.script]},
         "details": pipelines,
     }
     if not opts.dir and not opts.keep:
@@ -328,6 +346,16 @@ def _kinds(text: str) -> list[str]:
     return kinds
 
 
+def _script(text: str) -> list[tuple[str, float]]:
+    """`kill:server@5,mlflow-away@20`: these faults, in this order, each so many
+    seconds after the pipeline's first trainer started (default 5)."""
+    steps = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        kind, _, at = part.partition("@")
+        steps.append((_kinds(kind)[0], float(at or 5)))
+    return steps
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the faults' generator: the same seed, the same schedule")
@@ -342,6 +370,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disk-full-s", type=float, default=30.0, help="how long disk-full keeps the disk full")
     p.add_argument("--restart-delay-s", type=float, default=5.0, help="the supervisor's delay before a restart")
     p.add_argument("--kinds", type=_kinds, default=list(chaos_faults.KINDS), help="comma-separated fault kinds")
+    p.add_argument("--script", type=_script, default=[],
+                   help="instead of drawn faults: KIND@SECONDS,... after each pipeline's first trainer started "
+                        "(the questions a soak must answer, each at the moment that tests it)")
     p.add_argument("--small-fs-mb", type=int, default=768, help="size of each pipeline's own filesystem")
     p.add_argument("--max-reschedules", type=int, default=10, help="the stack's reschedule budget per run")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="a pipeline not final after this is hung")

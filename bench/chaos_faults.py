@@ -272,11 +272,14 @@ class Injector:
                 out[kind] = now[kind.split(":", 1)[1]]
         return out
 
-    def inject(self, pipeline: int, disk: DiskFiller | None) -> Fault | None:
+    def inject(self, pipeline: int, disk: DiskFiller | None, kind: str | None = None) -> Fault | None:
+        """One fault: `kind`, or one drawn among the kinds whose target exists now."""
         choices = self.available(disk)
-        if not choices:
+        if kind is None and choices:
+            kind = self.rng.choice(sorted(choices))
+        if kind not in choices:
+            self.log(f"no target for {kind or 'any fault'} now ({len(choices)} kind(s) have one)")
             return None
-        kind = self.rng.choice(sorted(choices))
         fault = Fault(kind, round(time.monotonic() - self.started, 1), pipeline)
         before = {p.pid for p in trainers(self.mark)}
         if kind == "disk-full":
@@ -303,7 +306,7 @@ class Injector:
                 _send(tree, signal.SIGSTOP)
                 self._later(pause, lambda t=tree: _send(t, signal.SIGCONT))
                 fault.target += f" for {pause:.0f} s"
-            self.log(f"fault {kind}: {fault.target}")
+            self.log(f"fault {kind}: {fault.target} (drawn among {len(choices)} kinds)")
         time.sleep(3)  # time for a killed trainer's process to go
         fault.hit_trainer = bool(before - {p.pid for p in trainers(self.mark)})
         return fault

@@ -1,0 +1,77 @@
+"""The parent's backstop for the reschedule automation (flows.stages.
+reschedule_in_its_place), on a real Prefect server with the project's own
+automations: a stage run still Crashed after the grace is put back exactly as
+the automation would have, and only where the automation would have.
+
+The fault soak (bench/chaos.py) found why it is needed: after a Prefect server
+restart the automation missed a training run the zombie automation had marked
+Crashed (its Crashed event followed a Running event from before the restart,
+and the restarted server holds such an event for 15 minutes), so the pipeline
+failed a stage that a reschedule would have resumed."""
+
+from __future__ import annotations
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.states import Crashed, Running
+
+from cli.stack.prefect_setup import replace_automations
+from flows.stages import reschedule_in_its_place
+
+
+@flow
+def _backstop(run_id: str) -> bool:
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+    return reschedule_in_its_place(run, grace_s=120)
+
+
+@flow
+def _stage() -> None:
+    pass
+
+
+def _crashed_run(client, tags: list[str], runs: int = 1):
+    """A deployment's flow run (a stage's) that ran `runs` time(s) and crashed."""
+    deployment = client.create_deployment(flow_id=client.create_flow(_stage), name="backstop")
+    run = client.create_flow_run_from_deployment(deployment, tags=tags)
+    for _ in range(runs):
+        client.set_flow_run_state(run.id, Running(), force=True)
+        client.set_flow_run_state(run.id, Crashed(message="No heartbeat for 90 s"), force=True)
+    return client.read_flow_run(run.id)
+
+
+@pytest.fixture
+def automations(prefect_server):
+    with get_client(sync_client=True) as client:
+        replace_automations(client, max_reschedules=2, zombie_after_s=90)
+        yield client
+        for name in ("gpt2-reschedule-preempted", "gpt2-reschedule-cap", "gpt2-zombie-runs"):
+            for automation in client.read_automations_by_name(name):
+                client.delete_automation(automation.id)
+
+
+def test_a_preemptible_run_left_crashed_is_put_back_as_the_automation_would(automations):
+    run = _crashed_run(automations, ["gpu", "preemptible"])
+    assert run.run_count == 1 and run.state.is_crashed()
+    assert _backstop(str(run.id)) is True
+    state = automations.read_flow_run(run.id).state
+    assert state.is_scheduled() and state.name == "AwaitingRetry"
+    assert "gpt2-reschedule-preempted did not act" in state.message
+
+
+def test_only_where_the_automation_would_have(automations):
+    untagged = _crashed_run(automations, ["gpu"])  # not preemptible: a crash is final
+    spent = _crashed_run(automations, ["gpu", "preemptible"], runs=3)  # beyond max_reschedules=2
+    assert [_backstop(str(r.id)) for r in (untagged, spent)] == [False, False]
+    assert all(automations.read_flow_run(r.id).state.is_crashed() for r in (untagged, spent))
+
+
+def test_no_automation_on_the_server_means_no_backstop(prefect_server):
+    with get_client(sync_client=True) as client:
+        for automation in client.read_automations_by_name("gpt2-reschedule-preempted"):
+            client.delete_automation(automation.id)
+        run = _crashed_run(client, ["gpu", "preemptible"])
+        assert _backstop(str(run.id)) is False
+        assert client.read_flow_run(run.id).state.is_crashed()
