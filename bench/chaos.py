@@ -31,9 +31,7 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,144 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import chaos_checks, chaos_faults
+from bench.chaos_stack import (Stack, Supervisor, _say, mount_small, pipeline_alive, reference_digest, settings, soak_env,
+                               unmount)
 from gpt2.figures_on_record import commit
 
 RESULTS = Path(__file__).with_name("chaos_results.jsonl")
-PROJECT = Path(__file__).resolve().parent.parent
-
-TRAIN = {"train.max_steps": 200, "train.checkpoint_every": 20, "train.eval_every": 10_000,
-         "train.sample_every": 10_000, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
-         "eval.every_steps": 0}
-"""The soak's training: smoke-sized steps (two micro-batches: accumulation is
-exercised), long enough for faults to land mid-training (~40 s of steps on two
-cores), a periodic checkpoint every 20 steps so a SIGKILL redoes some."""
 
 STAGES = ("data", "train", "evaluate", "export")
-
-
-def _say(message: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def soak_env(base: Path, mark: str) -> dict[str, str]:
-    """The user's environment minus anything that points Prefect or MLflow
-    elsewhere; the soak's own home and stack directory; the mark every
-    process of the soak inherits (how the injector finds its targets)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return {**env, "HOME": str(base / "home"), "XDG_CACHE_HOME": cache, "GPT2_STACK_DIR": str(base / "stack"),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            chaos_faults.MARK_ENV: mark}
-
-
-def gpt2(env: dict[str, str], *args: str, timeout: float = 900) -> dict[str, Any]:
-    """One `gpt2` command with --json; its JSON line."""
-    done = subprocess.run([sys.executable, "-m", "cli.main", *args, "--json"], env=env, cwd=PROJECT,
-                          capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"gpt2 {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def settings(root: Path, work: Path) -> dict[str, Any]:
-    return {"runtime.root": str(root), "runtime.work_dir": str(work), **TRAIN}
-
-
-def reference_digest(env: dict[str, str], base: Path) -> str:
-    """The soak config trained once, uninterrupted, outside the stack."""
-    sets = [f"{k}={v}" for k, v in {**settings(base / "reference", base / "reference-work"),
-                                    "tracking.enabled": "false"}.items()]
-    args = [a for s in sets for a in ("--set", s)]
-    gpt2(env, "prepare", "--preset", "smoke", *args)
-    result = gpt2(env, "train", "--preset", "smoke", *args)
-    return chaos_checks.digest(result["checkpoint"])
-
-
-def mount_small(path: Path, size_mb: int) -> bool:
-    """A tmpfs of `size_mb` at `path` for one pipeline's root and work dir, so a
-    full disk fills only that (needs the right to mount; False without it)."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    return done.returncode == 0
-
-
-def unmount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-class Stack:
-    """The soak's stack, through the same calls the tests make."""
-
-    def __init__(self, env: dict[str, str], base: Path, max_reschedules: int):
-        self.env, self.base = env, base
-        self.info = gpt2(env, "stack", "up", "--root", str(base / "roots"), "--max-reschedules",
-                         str(max_reschedules), timeout=600)
-        self.state_dir = Path(self.info["state_dir"])
-
-    def client(self):
-        from cli.stack.prefect_setup import client
-        from cli.stack.services import read_auth
-
-        return client(self.info["prefect_api_url"], read_auth(self.state_dir))
-
-    def start_pipeline(self, params: dict[str, Any]) -> str:
-        done = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "gpt2/full-pipeline",
-                               "--param", "preset=smoke", "--param", f"overrides={json.dumps(params)}"],
-                              env=self.env, cwd=self.base, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"prefect deployment run failed: {done.stdout[-1000:]}{done.stderr[-1000:]}")
-        return re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
-
-    def read(self, run_id: str):
-        """The flow run, or None while the server does not answer (restarting)."""
-        try:
-            with self.client() as c:
-                return c.read_flow_run(run_id)
-        except Exception:  # noqa: BLE001 - a server being restarted by the supervisor
-            return None
-
-    def final(self, run_id: str, timeout: float, crash_grace_s: float = 150.0):
-        """The run once final (a Crashed one gets `crash_grace_s` to be
-        rescheduled by the automation first); None if it is not final in time."""
-        deadline = time.monotonic() + timeout
-        crashed_at = None
-        while time.monotonic() < deadline:
-            run = self.read(run_id)
-            if run is not None and run.state.is_final():
-                if not run.state.is_crashed():
-                    return run
-                crashed_at = crashed_at or time.monotonic()
-                if time.monotonic() - crashed_at > crash_grace_s:
-                    return run
-            else:
-                crashed_at = None
-            time.sleep(3)
-        return None
-
-    def stage_runs(self, parent_id: str) -> list:
-        with self.client() as c:
-            return [r for r in c.read_flow_runs(limit=200) if (r.idempotency_key or "").startswith(parent_id)]
-
-    def down(self) -> None:
-        try:
-            gpt2(self.env, "stack", "down", timeout=600)
-        except Exception as err:  # noqa: BLE001 - reported, never hiding the soak's result
-            _say(f"stack down failed: {err}")
-
-
-def _pipeline_alive(mark: str, run_ids: set[str]) -> list[str]:
-    left = []
-    for proc in chaos_faults.soak_processes(mark):
-        try:
-            run = proc.environ().get("PREFECT__FLOW_RUN_ID")
-            line = " ".join(proc.cmdline())
-        except Exception:  # noqa: BLE001 - gone meanwhile
-            continue
-        if run in run_ids and ("prefect.engine" in line or "gpt2.train" in line):
-            left.append(f"{proc.pid} {line[:120]}")
-    return left
 
 
 def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
@@ -247,7 +114,7 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     findings.problems.extend(tuple(p) for p in outcome.pop("problems", []))
     run_ids = {outcome["parent"], parent, *(str(r.id) for r in stack.stage_runs(outcome["parent"])),
                *(str(r.id) for r in stack.stage_runs(parent))}
-    chaos_checks.check_left_running(findings, lambda: _pipeline_alive(injector.mark, run_ids))
+    chaos_checks.check_left_running(findings, lambda: pipeline_alive(injector.mark, run_ids))
     chaos_checks.check_weights(findings, store.latest_checkpoint(config), reference, config.train.max_steps)
     client = MlflowClient(stack.info["mlflow_url"])
     chaos_checks.check_mlflow(findings, client, config.tracking.experiment, parent, STAGES, config.train.max_steps)
@@ -283,7 +150,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     reference = reference_digest(env, base)
     _say("standing up the stack")
     stack = Stack(env, base, opts.max_reschedules)
-    supervisor = chaos_faults.Supervisor(stack.state_dir, timing, _say, env).start()
+    supervisor = Supervisor(stack.state_dir, timing, _say, env).start()
     injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng,
                                      tuple(k for k, _ in opts.script) or tuple(opts.kinds), _say)
     pipelines = []

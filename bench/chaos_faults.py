@@ -18,10 +18,10 @@ came back); and two faults of their own: `mlflow-away` (the MLflow server
 killed and kept down for minutes) and `disk-full` (the filesystem of the
 pipeline's root and work dir filled, then freed).
 
-The supervisor restarts a dead server or worker after a short delay, as
-systemd or Kubernetes would (cli.stack.services.restart); flow runs and
-trainers are left to Prefect (the automations) and to the trainer's resume:
-that is what the soak tests.
+The supervisor (bench.chaos_stack) restarts a dead server or worker after a
+short delay, as systemd or Kubernetes would (cli.stack.services.restart);
+flow runs and trainers are left to Prefect (the automations) and to the
+trainer's resume: that is what the soak tests.
 """
 
 from __future__ import annotations
@@ -29,19 +29,15 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
 from cli.stack import processes, services
-
-PROJECT = Path(__file__).resolve().parent.parent
 
 MARK_ENV = "GPT2_CHAOS_SOAK"
 """Set in the soak's stack environment: every process of it carries the soak's id."""
@@ -152,67 +148,6 @@ def _send(procs: list[psutil.Process], sig: int) -> None:
             pass
 
 
-class Supervisor:
-    """The platform: brings a dead server or worker back after a delay (a
-    part can be held down longer: `hold`). Counts what it restarted."""
-
-    def __init__(self, state_dir: Path, timing: Timing, log: Callable[[str], None], env: dict[str, str]):
-        self.state_dir, self.timing, self.log, self.env = state_dir, timing, log, env
-        self.restarts: dict[str, int] = {}
-        self.errors: list[str] = []
-        self._held_until: dict[str, float] = {}
-        self._dead_since: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="chaos-supervisor", daemon=True)
-
-    def start(self) -> "Supervisor":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=600)
-
-    def hold(self, name: str, seconds: float) -> None:
-        with self._lock:
-            self._held_until[name] = time.monotonic() + seconds
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            self.tend()
-
-    def tend(self) -> None:
-        """One round: restart whatever has been dead for its delay."""
-        state = services.read_state(self.state_dir)
-        if state is None:
-            return
-        now = time.monotonic()
-        for rec in state["processes"]:
-            name = rec["name"]
-            if processes.alive(rec):
-                self._dead_since.pop(name, None)
-                continue
-            since = self._dead_since.setdefault(name, now)
-            with self._lock:
-                held = self._held_until.get(name, 0.0)
-            if now - since < self.timing.restart_delay_s or now < held:
-                continue
-            self.log(f"supervisor: {name} is down; restarting it")
-            # In the stack's own environment (its home, its mark), as the unit
-            # file or the pod spec that started it would.
-            done = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
-                                   "from cli.stack.services import restart; restart(Path(sys.argv[1]), sys.argv[2])",
-                                   str(self.state_dir), name], env=self.env, cwd=PROJECT, capture_output=True,
-                                  text=True, timeout=600)
-            if done.returncode == 0:
-                self.restarts[name] = self.restarts.get(name, 0) + 1
-            else:  # a platform retries at the next round; the error goes into the soak's result
-                self.errors.append(f"restarting {name}: {done.stderr.strip()[-500:]}")
-                self.log(f"supervisor: restarting {name} failed: {done.stderr.strip()[-300:]}")
-            self._dead_since.pop(name, None)
-
-
 class DiskFiller:
     """Fills the filesystem that holds `path` (one the soak mounted for the
     pipeline, so nothing else runs short) and frees it again."""
@@ -250,7 +185,8 @@ class Injector:
 
     state_dir: Path
     mark: str
-    supervisor: Supervisor
+    supervisor: Any
+    """The platform (bench.chaos_stack.Supervisor): `hold(name, seconds)` keeps a part down."""
     timing: Timing
     rng: random.Random
     kinds: tuple[str, ...]
