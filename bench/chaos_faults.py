@@ -8,6 +8,7 @@ stack or of the user's:
 
     server, mlflow, worker      the stack's services (cli.stack records them)
     flow-run                    a flow-run process a worker started (python -m prefect.engine)
+    train-run                   the flow-run process whose trainer trains (with it: the machine)
     trainer                     python -m gpt2.train
     tokenizer                   a process-pool or Dask worker under a flow run
 
@@ -43,7 +44,7 @@ MARK_ENV = "GPT2_CHAOS_SOAK"
 """Set in the soak's stack environment: every process of it carries the soak's id."""
 
 SERVICE_KINDS = ("server", "mlflow", "worker")
-PROCESS_KINDS = ("flow-run", "trainer", "tokenizer")
+PROCESS_KINDS = ("flow-run", "train-run", "trainer", "tokenizer")
 ACTIONS = ("kill", "term", "pause")
 KINDS = tuple(f"{action}:{target}" for target in (*SERVICE_KINDS, *PROCESS_KINDS) for action in ACTIONS) + (
     "mlflow-away", "disk-full")
@@ -130,6 +131,8 @@ def targets(state_dir: Path, mark: str) -> dict[str, list[tuple[str, psutil.Proc
             line = _cmdline(proc)
             if "multiprocessing" in line or "distributed" in line or "dask" in line:
                 found["tokenizer"].append(("tokenizer", proc))
+            elif "gpt2.train" in line and "--config" in line:
+                found["train-run"].append(("training flow run", run))
     return found
 
 

@@ -111,9 +111,12 @@ class Stack:
         except Exception:  # noqa: BLE001 - a server being restarted by the supervisor
             return None
 
-    def final(self, run_id: str, timeout: float, crash_grace_s: float = 150.0):
-        """The run once final (a Crashed one gets `crash_grace_s` to be
-        rescheduled by the automation first); None if it is not final in time."""
+    def final(self, run_id: str, timeout: float, crash_grace_s: float = 17 * 60):
+        """The run once final; None if it is not final in time. A Crashed one
+        gets `crash_grace_s` to be rescheduled first: the automation acts
+        after 20 s, but in the 15 minutes after a Prefect server restart it
+        can act only once the server's event ordering gives up waiting for an
+        event from before the restart (flows.stages.reschedule_in_its_place)."""
         deadline = time.monotonic() + timeout
         crashed_at = None
         while time.monotonic() < deadline:
