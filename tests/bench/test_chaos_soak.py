@@ -35,14 +35,14 @@ def test_short_soak_loses_and_duplicates_nothing(tmp_path):
 
 def test_server_restart_mlflow_away_and_a_frozen_flow_run_during_training(tmp_path):
     """The soak's questions at the moments that test them, after the first
-    trainer started: the Prefect server SIGKILLed (the supervisor restarts it
-    5 s later), MLflow away for a minute, then the training flow run's machine
-    frozen for 150 s: past the zombie automation's 90 s, so the run is marked
+    trainer started (its 200 steps take about a minute): the Prefect server
+    SIGKILLed (the supervisor restarts it 5 s later), MLflow away for a
+    minute, then the training flow run's machine frozen for 150 s: past the zombie automation's 90 s, so the run is marked
     Crashed, rescheduled (by the parent where the restarted server's
     automation misses it: flows.stages.reschedule_in_its_place) and resumed,
     while the frozen trainer, when it thaws, stops without writing over it."""
     cmd = [sys.executable, "-m", "bench.chaos", "--seed", "3",
-           "--script", "kill:server@5,mlflow-away@25,pause:train-run@60", "--pause-s", "150,150",
+           "--script", "kill:server@3,mlflow-away@10,pause:train-run@20", "--pause-s", "150,150",
            "--mlflow-away-s", "60", "--dir", str(tmp_path / "soak"), "--json"]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=2400)
     result = json.loads(done.stdout.strip().splitlines()[-1])
