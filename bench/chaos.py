@@ -50,7 +50,7 @@ STAGES = ("data", "train", "evaluate", "export")
 
 
 def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
-                 reference: str, faults_left: int) -> dict[str, Any]:
+                 reference: str, faults_left: int, script: list[tuple[str, float]]) -> dict[str, Any]:
     """One pipeline under faults, then its checks."""
     from mlflow import MlflowClient
 
@@ -59,7 +59,8 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     from gpt2.overrides import resolve_config
 
     place = stack.base / f"pipeline-{i}"
-    small = "disk-full" in injector.kinds and mount_small(place, opts.small_fs_mb)
+    wants_disk = "disk-full" in ([kind for kind, _ in script] if script else injector.kinds)
+    small = wants_disk and mount_small(place, opts.small_fs_mb)
     params = settings(place / "root", place / "work")
     config = resolve_config("smoke", params)
     disk = chaos_faults.DiskFiller(place) if small else None
@@ -68,22 +69,22 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     faults, trainers_seen = [], set()
     deadline = time.monotonic() + opts.timeout_s
     began = time.monotonic()
-    if opts.script:  # the script's moments count from the first trainer's start
+    if script:  # the script's moments count from the first trainer's start
         while not chaos_faults.trainers(injector.mark) and time.monotonic() < deadline:
             time.sleep(0.2)
         began = time.monotonic()
-        plan = [(at, kind) for kind, at in opts.script]
+        plan = list(script)
     else:
-        plan = [(at, None) for at in sorted(injector.rng.uniform(*opts.window_s)
-                                            for _ in range(min(opts.per_pipeline, faults_left)))]
-    for at, kind in plan:
+        plan = [(None, at, None) for at in sorted(injector.rng.uniform(*opts.window_s)
+                                                  for _ in range(min(opts.per_pipeline, faults_left)))]
+    for kind, at, lasting in plan:
         while time.monotonic() < began + at:
             trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
             time.sleep(0.5)
         run = stack.read(parent)
         if run is not None and run.state.is_final() and not run.state.is_crashed():
             break
-        fault = injector.inject(i, disk, kind)
+        fault = injector.inject(i, disk, kind, lasting)
         if fault is not None:
             faults.append(fault)
     while time.monotonic() < deadline:  # the rest of the run, trainers counted
@@ -143,29 +144,30 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     timing = chaos_faults.Timing(pause_s=opts.pause_s, mlflow_away_s=opts.mlflow_away_s,
                                  disk_full_s=opts.disk_full_s, restart_delay_s=opts.restart_delay_s)
     started = time.monotonic()
-    if opts.script:
-        opts.faults = len(opts.script) * opts.pipelines
-    _say(f"seed {opts.seed}: {opts.faults} fault(s) over at least {opts.pipelines} pipeline(s) in {base}")
+    _say(f"seed {opts.seed}: {len(opts.script)} scripted and {opts.faults} drawn fault(s) over at least "
+         f"{opts.pipelines} pipeline(s) in {base}")
     _say("training the reference (no faults)")
     reference = reference_digest(env, base)
     _say("standing up the stack")
     stack = Stack(env, base, opts.max_reschedules)
     supervisor = Supervisor(stack.state_dir, timing, _say, env).start()
-    injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng,
-                                     tuple(k for k, _ in opts.script) or tuple(opts.kinds), _say)
+    injector = chaos_faults.Injector(stack.state_dir, mark, supervisor, timing, rng, tuple(opts.kinds), _say)
     pipelines = []
 
+    def drawn() -> int:
+        return sum(1 for p in pipelines for f in p["faults"] if not f["scripted"])
+
     def more() -> bool:
-        injected = sum(len(p["faults"]) for p in pipelines)
-        if len(pipelines) < opts.pipelines:
+        if len(pipelines) < max(opts.pipelines, 1 if opts.script else 0):
             return True
         # Drawn faults go on until all were injected (one may find no target: stop somewhere).
-        return not opts.script and injected < opts.faults and len(pipelines) < opts.pipelines + opts.faults
+        return drawn() < opts.faults and len(pipelines) < opts.pipelines + opts.faults + 1
 
     try:
-        while more():
-            left = opts.faults - sum(len(p["faults"]) for p in pipelines)
-            pipelines.append(run_pipeline(len(pipelines), stack, injector, opts, reference, left))
+        while more():  # the script (if any) on the first pipeline, drawn faults on the others
+            script = opts.script if not pipelines else []
+            pipelines.append(run_pipeline(len(pipelines), stack, injector, opts, reference,
+                                          0 if script else opts.faults - drawn(), script))
     finally:
         supervisor.stop()
         stack.down()
@@ -186,7 +188,8 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
         "elapsed_s": round(time.monotonic() - started, 1),
         "options": {"pause_s": list(opts.pause_s), "mlflow_away_s": opts.mlflow_away_s,
                     "disk_full_s": opts.disk_full_s, "window_s": list(opts.window_s), "kinds": list(opts.kinds),
-                    "script": [f"{kind}@{at:g}" for kind, at in opts.script]},
+                    "script": [f"{kind}@{at:g}" + (f":{lasting:g}" if lasting else "")
+                               for kind, at, lasting in opts.script]},
         "details": pipelines,
     }
     if not opts.dir and not opts.keep:
@@ -213,20 +216,22 @@ def _kinds(text: str) -> list[str]:
     return kinds
 
 
-def _script(text: str) -> list[tuple[str, float]]:
-    """`kill:server@5,mlflow-away@20`: these faults, in this order, each so many
-    seconds after the pipeline's first trainer started (default 5)."""
+def _script(text: str) -> list[tuple[str, float, float | None]]:
+    """`kill:server@5,pause:train-run@20:150`: these faults, in this order,
+    each so many seconds after the first pipeline's first trainer started
+    (default 5), lasting so many seconds where a fault lasts (default: as drawn)."""
     steps = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        kind, _, at = part.partition("@")
-        steps.append((_kinds(kind)[0], float(at or 5)))
+        kind, _, when = part.partition("@")
+        at, _, lasting = when.partition(":")
+        steps.append((_kinds(kind)[0], float(at or 5), float(lasting) if lasting else None))
     return steps
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the faults' generator: the same seed, the same schedule")
-    p.add_argument("--faults", type=int, default=5, help="faults to inject in all")
+    p.add_argument("--faults", type=int, default=5, help="faults to draw in all (besides --script's)")
     p.add_argument("--pipelines", type=int, default=1, help="at least this many pipelines")
     p.add_argument("--per-pipeline", type=int, default=3, help="at most this many faults per pipeline")
     p.add_argument("--window-s", type=_pair, default=(10.0, 240.0),
@@ -238,8 +243,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--restart-delay-s", type=float, default=5.0, help="the supervisor's delay before a restart")
     p.add_argument("--kinds", type=_kinds, default=list(chaos_faults.KINDS), help="comma-separated fault kinds")
     p.add_argument("--script", type=_script, default=[],
-                   help="instead of drawn faults: KIND@SECONDS,... after each pipeline's first trainer started "
-                        "(the questions a soak must answer, each at the moment that tests it)")
+                   help="the first pipeline's faults: KIND@SECONDS,... after its first trainer started (the "
+                        "questions a soak must answer, each at the moment that tests it); drawn ones follow")
     p.add_argument("--small-fs-mb", type=int, default=768, help="size of each pipeline's own filesystem")
     p.add_argument("--max-reschedules", type=int, default=10, help="the stack's reschedule budget per run")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="a pipeline not final after this is hung")

@@ -70,6 +70,8 @@ class Fault:
     at_s: float
     """Seconds into the soak."""
     pipeline: int
+    scripted: bool = False
+    """Named by --script, not drawn."""
     target: str = ""
     """What was hit: `<name> pid <pid>`."""
     hit_trainer: bool = False
@@ -197,10 +199,11 @@ class Injector:
     started: float = field(default_factory=time.monotonic)
     pending: list[threading.Thread] = field(default_factory=list)
 
-    def available(self, disk: DiskFiller | None) -> dict[str, list[tuple[str, psutil.Process]]]:
+    def available(self, disk: DiskFiller | None,
+                  kinds: tuple[str, ...]) -> dict[str, list[tuple[str, psutil.Process]]]:
         now = targets(self.state_dir, self.mark)
         out: dict[str, list[tuple[str, psutil.Process]]] = {}
-        for kind in self.kinds:
+        for kind in kinds:
             if kind == "disk-full":
                 if disk is not None:
                     out[kind] = []
@@ -211,19 +214,23 @@ class Injector:
                 out[kind] = now[kind.split(":", 1)[1]]
         return out
 
-    def inject(self, pipeline: int, disk: DiskFiller | None, kind: str | None = None) -> Fault | None:
-        """One fault: `kind`, or one drawn among the kinds whose target exists now."""
-        choices = self.available(disk)
+    def inject(self, pipeline: int, disk: DiskFiller | None, kind: str | None = None,
+               lasting: float | None = None) -> Fault | None:
+        """One fault: `kind` (a script's, `lasting` seconds where it lasts: a
+        pause, MLflow away, a full disk), or one drawn among the kinds whose
+        target exists now, lasting as Timing draws it."""
+        scripted = kind is not None
+        choices = self.available(disk, (kind,) if kind else self.kinds)
         if kind is None and choices:
             kind = self.rng.choice(sorted(choices))
         if kind not in choices:
             self.log(f"no target for {kind or 'any fault'} now ({len(choices)} kind(s) have one)")
             return None
-        fault = Fault(kind, round(time.monotonic() - self.started, 1), pipeline)
+        fault = Fault(kind, round(time.monotonic() - self.started, 1), pipeline, scripted=scripted)
         before = {p.pid for p in trainers(self.mark)}
         if kind == "disk-full":
             fault.target = str(disk.path.parent)
-            hold = self.timing.disk_full_s
+            hold = lasting or self.timing.disk_full_s
             free = disk.fill()
             self.log(f"fault {kind}: filled {free / 2**20:.0f} MiB of {fault.target} for {hold:.0f} s")
             self._later(hold, disk.free)
@@ -232,7 +239,7 @@ class Injector:
             fault.target = f"{name} pid {proc.pid}"
             action = "kill" if kind == "mlflow-away" else kind.split(":", 1)[0]
             if kind == "mlflow-away":
-                self.supervisor.hold(name, self.timing.mlflow_away_s)
+                self.supervisor.hold(name, lasting or self.timing.mlflow_away_s)
             if action == "kill":
                 _send([proc], signal.SIGKILL)
             elif action == "term":
@@ -241,7 +248,7 @@ class Injector:
                     self._later(TERM_GRACE_S, lambda p=proc: _send([p], signal.SIGKILL))
             else:
                 tree = _tree(proc)
-                pause = self.rng.uniform(*self.timing.pause_s)
+                pause = lasting or self.rng.uniform(*self.timing.pause_s)
                 _send(tree, signal.SIGSTOP)
                 self._later(pause, lambda t=tree: _send(t, signal.SIGCONT))
                 fault.target += f" for {pause:.0f} s"
