@@ -49,6 +49,15 @@ RESULTS = Path(__file__).with_name("chaos_results.jsonl")
 STAGES = ("data", "train", "evaluate", "export")
 
 
+def fault_plan(script: list[tuple[str, float, float | None]], rng: random.Random, window_s: tuple[float, float],
+               n: int) -> list[tuple[str | None, float, float | None]]:
+    """A pipeline's faults as (kind or None: drawn then, seconds, lasting or
+    None): the script's, or `n` moments drawn from `window_s`, in order."""
+    if script:
+        return list(script)
+    return [(None, at, None) for at in sorted(rng.uniform(*window_s) for _ in range(n))]
+
+
 def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
                  reference: str, faults_left: int, script: list[tuple[str, float]]) -> dict[str, Any]:
     """One pipeline under faults, then its checks."""
@@ -59,7 +68,8 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     from gpt2.overrides import resolve_config
 
     place = stack.base / f"pipeline-{i}"
-    wants_disk = "disk-full" in ([kind for kind, _ in script] if script else injector.kinds)
+    plan = fault_plan(script, injector.rng, opts.window_s, min(opts.per_pipeline, faults_left))
+    wants_disk = "disk-full" in ([kind for kind, _, _ in plan] if script else injector.kinds)
     small = wants_disk and mount_small(place, opts.small_fs_mb)
     params = settings(place / "root", place / "work")
     config = resolve_config("smoke", params)
@@ -73,10 +83,6 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
         while not chaos_faults.trainers(injector.mark) and time.monotonic() < deadline:
             time.sleep(0.2)
         began = time.monotonic()
-        plan = list(script)
-    else:
-        plan = [(None, at, None) for at in sorted(injector.rng.uniform(*opts.window_s)
-                                                  for _ in range(min(opts.per_pipeline, faults_left)))]
     for kind, at, lasting in plan:
         while time.monotonic() < began + at:
             trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}

@@ -102,6 +102,19 @@ def test_the_soak_refuses_an_unknown_fault_by_name():
     assert opts.kinds == ["pause:trainer", "mlflow-away"] and opts.pause_s == (5.0, 9.0)
 
 
+def test_a_pipelines_faults_are_the_scripts_or_drawn_in_order():
+    import random
+
+    script = chaos.parse(["--script", "kill:server@3,pause:train-run@20:150,disk-full@30"]).script
+    assert script == [("kill:server", 3.0, None), ("pause:train-run", 20.0, 150.0), ("disk-full", 30.0, None)]
+    assert chaos.fault_plan(script, random.Random(1), (10.0, 20.0), 4) == script
+    drawn = chaos.fault_plan([], random.Random(1), (10.0, 20.0), 4)
+    assert [k for k, _, _ in drawn] == [None] * 4 and [d for _, _, d in drawn] == [None] * 4
+    moments = [at for _, at, _ in drawn]
+    assert moments == sorted(moments) and all(10.0 <= at <= 20.0 for at in moments)
+    assert chaos.fault_plan([], random.Random(1), (10.0, 20.0), 4) == drawn  # the seed decides
+
+
 def test_the_soak_passes_only_when_nothing_is_lost_duplicated_or_wrong():
     good = {"lost": 0, "duplicates": 0, "problems": 0, "pipelines": 2, "pipelines_completed": 2}
     assert chaos.passed(good)
