@@ -78,6 +78,14 @@ def describe(record: dict, now: float) -> str:
             f"started {h.get('started')}, last renewed {age:.0f} s ago")
 
 
+def earlier_attempt_wait_s(record: dict, ttl_s: float, wait_s: float) -> float:
+    """How long a trainer waits for its own flow run's earlier attempt to let
+    go of the lease: a rescheduled run's old machine may still be stopping (a
+    SIGTERM's checkpoint) or be gone without releasing it; two of its ttls
+    cover both."""
+    return max(wait_s, 2 * float(record.get("ttl_s", ttl_s)))
+
+
 @dataclass
 class Lease:
     directory: str
@@ -128,6 +136,10 @@ class Lease:
         stale_in = float(record.get("ttl_s", self.ttl_s)) - (now - float(record.get("renewed_at", 0)))
         return describe(record, now), stale_in
 
+    def held_by_this_run(self, record: dict | None) -> bool:
+        """The holder is this flow run's own earlier attempt (the same flow run id)."""
+        return bool(record and self.flow_run_id and record.get("holder", {}).get("flow_run_id") == self.flow_run_id)
+
     def try_acquire(self) -> str | None:
         """Take the lease if it is free or stale; else the holder's description."""
         now = time.time()
@@ -151,9 +163,8 @@ class Lease:
         new machine after a preemption without notice): it is waited for until
         its lease goes stale."""
         _, record = self.current()
-        same_run = bool(record and self.flow_run_id and record.get("holder", {}).get("flow_run_id") == self.flow_run_id)
-        if same_run and self._live(record, time.time()):
-            wait_s = max(wait_s, 2 * float(record.get("ttl_s", self.ttl_s)))
+        if self.held_by_this_run(record) and self._live(record, time.time()):
+            wait_s = earlier_attempt_wait_s(record, self.ttl_s, wait_s)
             log.info("this flow run's earlier attempt still holds %s; waiting up to %.0f s for it to go stale",
                      self.directory, wait_s)
         deadline = time.monotonic() + wait_s

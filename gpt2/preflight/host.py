@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import layout
-from gpt2.checkpoint.lease import Lease
+from gpt2.checkpoint.lease import Lease, earlier_attempt_wait_s
 from gpt2.config import Config
 from gpt2.distributed import DistEnv, resolve_nproc, visible_gpus
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
@@ -140,16 +140,28 @@ def disk(config: Config, needs: dict[str, int]) -> Outcome:
     return Outcome("; ".join(lines), figures)
 
 
+FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
+"""Set by a Prefect worker in the flow run it starts; the preflight's process inherits it."""
+
+
 def lease(config: Config) -> Outcome:
     """No live trainer holds the run's lease, or the run is set to wait for it
-    (runtime.lease_wait_s) longer than it can stay live without renewal.
-    Read only: the preflight never takes it."""
+    (runtime.lease_wait_s) longer than it can stay live without renewal, or
+    the holder is this flow run's own earlier attempt, which the trainer waits
+    for (a rescheduled run whose old machine is still stopping). Read only:
+    the preflight never takes it."""
     run_dir = layout.run_dir(config)
-    found = Lease(layout.lease_dir(run_dir), config.runtime.lease_ttl_s).holder()
+    held = Lease(layout.lease_dir(run_dir), config.runtime.lease_ttl_s, os.environ.get(FLOW_RUN_ENV))
+    found = held.holder()
     if found is None:
         return Outcome(f"no live holder of {layout.lease_dir(run_dir)}")
     holder, stale_in = found
     wait = config.runtime.lease_wait_s
+    _, record = held.current()
+    if held.held_by_this_run(record):
+        raise Warned(f"this flow run's earlier attempt holds the run's lease ({holder}); the trainer waits up to "
+                     f"{earlier_attempt_wait_s(record, config.runtime.lease_ttl_s, wait):.0f} s for it to let go "
+                     "or go stale, as a rescheduled run does")
     if wait >= stale_in:
         raise Warned(f"a trainer holds the run's lease ({holder}); the run waits up to runtime.lease_wait_s={wait:.0f} "
                      f"s for it, and it goes stale in {stale_in:.0f} s unless its holder is alive")

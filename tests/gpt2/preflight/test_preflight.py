@@ -300,3 +300,24 @@ def test_a_device_this_machine_lacks_fails_the_devices_check_and_the_rest_still_
     _ran_ok(result, "data", "root", "disk", "lease")
     for name in ("collectives", *STEPS):
         assert _status(result, name) == "skipped" and "needs a usable device" in _detail(result, name)
+
+
+def test_a_lease_held_by_this_flow_runs_earlier_attempt_is_waited_for_not_failed(tmp_path, capsys, monkeypatch):
+    """A rescheduled run (the same flow run) whose old machine still holds the
+    lease while it stops: the trainer waits for it (Lease.acquire), so the
+    preflight warns instead of failing the run. Found by the fault soak: a
+    training machine frozen past the zombie window, rescheduled, thawed."""
+    root, config = _ready(tmp_path)
+    flow_run = "09ac3231-2c78-4da7-b97c-c972fdef47f4"
+    held = Lease(layout.lease_dir(layout.run_dir(config)), ttl_s=120, flow_run_id=flow_run).acquire()
+    try:
+        monkeypatch.setenv("PREFECT__FLOW_RUN_ID", flow_run)
+        code, result, _ = _preflight(capsys, root)
+        monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "another-flow-run")
+        other_code, other, _ = _preflight(capsys, root)
+    finally:
+        held.release()
+    assert code == 0 and _status(result, "lease") == "warn", result
+    assert "this flow run's earlier attempt holds the run's lease" in _detail(result, "lease")
+    assert "waits up to 240 s" in _detail(result, "lease")
+    assert other_code == 1 and other["failed"] == ["lease"]  # another flow run's trainer: refused as before
