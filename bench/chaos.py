@@ -32,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -174,7 +175,8 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
             script = opts.script if not pipelines else []
             pipelines.append(run_pipeline(len(pipelines), stack, injector, opts, reference,
                                           0 if script else opts.faults - drawn(), script))
-    finally:
+    finally:  # also on Ctrl-C or SIGTERM (main): nothing of the soak outlives it
+        injector.release()
         supervisor.stop()
         stack.down()
     faults = Counter(f["kind"] for p in pipelines for f in p["faults"])
@@ -262,8 +264,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM stops the soak as Ctrl-C does: its stack goes down
     result = soak(opts)
     if opts.record:
         with open(RESULTS, "a") as out:

@@ -198,6 +198,8 @@ class Injector:
     log: Callable[[str], None]
     started: float = field(default_factory=time.monotonic)
     pending: list[threading.Thread] = field(default_factory=list)
+    undo: list[Callable[[], None]] = field(default_factory=list)
+    """What ends each lasting fault now (SIGCONT, the disk freed): `release`."""
 
     def available(self, disk: DiskFiller | None,
                   kinds: tuple[str, ...]) -> dict[str, list[tuple[str, psutil.Process]]]:
@@ -234,6 +236,7 @@ class Injector:
             free = disk.fill()
             self.log(f"fault {kind}: filled {free / 2**20:.0f} MiB of {fault.target} for {hold:.0f} s")
             self._later(hold, disk.free)
+            self.undo.append(disk.free)
         else:
             name, proc = self.rng.choice(choices[kind])
             fault.target = f"{name} pid {proc.pid}"
@@ -250,6 +253,7 @@ class Injector:
                 tree = _tree(proc)
                 pause = lasting or self.rng.uniform(*self.timing.pause_s)
                 _send(tree, signal.SIGSTOP)
+                self.undo.append(lambda t=tree: _send(t, signal.SIGCONT))
                 self._later(pause, lambda t=tree: _send(t, signal.SIGCONT))
                 fault.target += f" for {pause:.0f} s"
             self.log(f"fault {kind}: {fault.target} (drawn among {len(choices)} kinds)")
@@ -265,6 +269,13 @@ class Injector:
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         self.pending.append(thread)
+
+    def release(self) -> None:
+        """End every lasting fault at once (the soak is stopping: nothing it
+        froze or filled may outlive it)."""
+        for undo in self.undo:
+            undo()
+        self.undo.clear()
 
     def settle(self) -> None:
         """Wait for every pause, hold and disk fill to end."""
