@@ -137,6 +137,9 @@ def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> d
             # SQLite serializes writers; on a busy machine the default 10 s wait
             # loses event messages (and with them automation firings).
             "PREFECT_API_DATABASE_TIMEOUT": "60",
+            # Remember across a restart which events it had seen (cli.stack.event_ordering):
+            # else automations act on a flow run's crash up to 15 minutes late after one.
+            "PREFECT_SERVER_EVENTS_CAUSAL_ORDERING": "cli.stack.event_ordering",
             # Every request but /health needs the auth string (the UI asks for it
             # in a login form); state-changing ones also a CSRF token, which
             # Prefect's clients and the UI fetch by themselves.
