@@ -60,7 +60,7 @@ def fault_plan(script: list[tuple[str, float, float | None]], rng: random.Random
 
 
 def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
-                 reference: str, faults_left: int, script: list[tuple[str, float]]) -> dict[str, Any]:
+                 reference: str, faults_left: int, script: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     """One pipeline under faults, then its checks."""
     from mlflow import MlflowClient
 
@@ -179,6 +179,8 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
         injector.release()
         supervisor.stop()
         stack.down()
+        for place in base.glob("pipeline-*"):  # a pipeline's own filesystem, where it had one
+            unmount(place)
     faults = Counter(f["kind"] for p in pipelines for f in p["faults"])
     result = {
         "seed": opts.seed, "commit": commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
