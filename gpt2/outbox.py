@@ -69,6 +69,16 @@ class Outbox:
         with self._lock:
             return list(self._points)
 
+    def discard(self) -> int:
+        """Drop everything not sent yet and stop (its owner lost the right to
+        send: the trainer that took its run over sends those steps itself)."""
+        with self._lock:
+            dropped = len(self._points) + len(self._records)
+            self._points.clear()
+            self._records.clear()
+        self.stop()
+        return dropped
+
     def _busy(self) -> bool:
         return bool(self._points or self._records or not self._connected)
 
@@ -120,7 +130,7 @@ class Outbox:
                     batch = [self._points[i] for i in range(min(self._batch_size, len(self._points)))]
                 self._send_batch(conn, batch)
                 with self._lock:
-                    for _ in batch:
+                    for _ in range(min(len(batch), len(self._points))):  # discard() may have emptied it
                         self._points.popleft()
         except Exception as err:  # noqa: BLE001 - an outage must never reach the producer
             # After stop() its owner has already reported what was not sent; an

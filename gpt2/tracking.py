@@ -68,8 +68,7 @@ def artifact_location(config: Config) -> str:
 
 
 def _last_steps(run: Any) -> dict[str, int]:
-    """{metric: the last step the run holds}: MLflow keeps each metric's latest
-    point (the highest step) with the run, so one get_run answers."""
+    """{metric: its highest step in the run}: MLflow keeps each metric's latest point with the run."""
     return {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", [])}
 
 
@@ -186,13 +185,16 @@ class Tracker:
     def close(self, status: str | None = "FINISHED") -> None:
         """End the run with `status` after a bounded final flush (one more
         attempt when MLflow is down, at most close_timeout_s when it is slow).
-        status None: stop sending but leave the run's status to its new owner."""
+        status None: another trainer took the run over; send nothing more (it
+        redoes these steps: a late batch would land twice) and leave it its run."""
         if self._outbox is None:
             return
         self._stop_monitor()
-        if status is not None:
+        if status is None:
+            log.info("dropped %d unsent MLflow record(s): the run's new trainer logs them", self._outbox.discard())
+        else:
             self._queue(f"status {status}", lambda c: c.set_terminated(self.run_id, status=status))
-        sent = self._outbox.flush(self._close_timeout, give_up_on_outage=True)
+        sent = status is None or self._outbox.flush(self._close_timeout, give_up_on_outage=True)
         self._outbox.stop()
         if not sent:
             points, records = self._outbox.pending()

@@ -175,3 +175,25 @@ def test_an_outage_warning_never_prints_the_uris_password(tmp_path, monkeypatch,
         # default, a sender left running would log minutes after pytest ended).
         tracker.close()
     assert "s3cr3t" not in caplog.text
+
+
+def test_a_tracker_whose_run_was_taken_over_sends_nothing_more(tmp_path):
+    """A fenced trainer (another took its run over: gpt2.checkpoint.lease)
+    closes with status None: what it had queued is dropped, not sent late on
+    top of the steps the new trainer logs, and the run's status is left alone."""
+    blocked = tmp_path / "tracking"
+    blocked.write_text("not a directory")  # MLflow away while the old trainer queues steps 1-3
+    config = tiny_config(tmp_path, **{"tracking.uri": f"sqlite:///{blocked}/mlflow.db"})
+    old = Tracker(config, "run-t", flush_interval_s=0.2, connect_timeout_s=1)
+    for step in range(1, 4):
+        old.log_metrics({"loss": 9.0}, step=step)
+    blocked.unlink()
+    blocked.mkdir()  # MLflow back just as the old trainer learns it lost the run
+    old.close(None)
+    with Tracker(config, "run-t") as new:  # the trainer that took over logs those steps itself
+        for step in range(1, 4):
+            new.log_metrics({"loss": 1.0}, step=step)
+    client = MlflowClient(config.tracking.uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    points = [(m.step, m.value) for r in runs for m in client.get_metric_history(r.info.run_id, "loss")]
+    assert points == [(1, 1.0), (2, 1.0), (3, 1.0)]
