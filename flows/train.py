@@ -12,9 +12,11 @@ finished run is a cache hit.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
 from flows.entry import flow_main
@@ -98,9 +100,30 @@ def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, r
         return left
     get_run_logger().info("training %s (%d steps) -> %s", layout.run_name(config),
                           config.train.max_steps, layout.run_dir(config))
-    result = run_train_stage(config, fresh, parent_run_id)
+    try:
+        result = run_train_stage(config, fresh, parent_run_id)
+    except BaseException:
+        step_aside_if_superseded()
+        raise
     publish_result(config, result)  # for a parent flow that started this run as a deployment
     return result
+
+
+def step_aside_if_superseded() -> None:
+    """End this process without a word to Prefect when a later attempt of the
+    same flow run has started: a machine that froze past the zombie window
+    comes back to find its run rescheduled, its trainer fenced by the newer
+    attempt's lease (or its engine cancelled). Any state it reported now
+    (Failed, Crashed) would land on the newer attempt, which trains on; its
+    worker proposes nothing for a process that exits 0."""
+    if not flow_run.id:
+        return
+    with get_client(sync_client=True) as client:
+        now = client.read_flow_run(flow_run.id).run_count
+    if now > flow_run.run_count:
+        get_run_logger().warning("attempt %d of this flow run was superseded by attempt %d, which trains on; "
+                                 "stopping without reporting a state", flow_run.run_count, now)
+        os._exit(0)  # no final state, no crash report: the run is the newer attempt's
 
 
 def main() -> None:
