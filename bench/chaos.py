@@ -125,7 +125,8 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     chaos_checks.check_left_running(findings, lambda: pipeline_alive(injector.mark, run_ids))
     chaos_checks.check_weights(findings, store.latest_checkpoint(config), reference, config.train.max_steps)
     client = MlflowClient(stack.info["mlflow_url"])
-    chaos_checks.check_mlflow(findings, client, config.tracking.experiment, parent, STAGES, config.train.max_steps)
+    flow_runs = list(dict.fromkeys([outcome["parent"], parent]))  # the pipeline, then its rerun
+    chaos_checks.check_mlflow(findings, client, config.tracking.experiment, flow_runs, STAGES, config.train.max_steps)
     chaos_checks.check_bill(findings, layout.run_dir(config), len(trainers_seen))
     chaos_checks.check_lease(findings, layout.run_dir(config))
     chaos_checks.check_temp_files(findings, place / "root")
@@ -150,7 +151,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(opts.seed)
     timing = chaos_faults.Timing(pause_s=opts.pause_s, mlflow_away_s=opts.mlflow_away_s,
                                  disk_full_s=opts.disk_full_s, restart_delay_s=opts.restart_delay_s)
-    started = time.monotonic()
+    started, revision = time.monotonic(), commit()  # the code the soak starts with
     _say(f"seed {opts.seed}: {len(opts.script)} scripted and {opts.faults} drawn fault(s) over at least "
          f"{opts.pipelines} pipeline(s) in {base}")
     _say("training the reference (no faults)")
@@ -183,7 +184,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
             unmount(place)
     faults = Counter(f["kind"] for p in pipelines for f in p["faults"])
     result = {
-        "seed": opts.seed, "commit": commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seed": opts.seed, "commit": revision, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "faults": dict(sorted(faults.items())), "faults_total": sum(faults.values()),
         "pipelines": len(pipelines), "pipelines_completed": sum(p["completed"] for p in pipelines),
         "reruns": sum(p["reruns"] for p in pipelines),

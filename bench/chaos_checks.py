@@ -85,26 +85,30 @@ def check_metrics(findings: Findings, steps: dict[str, Counter], max_steps: int)
             findings.lost.append(("metric steps", f"{key} never logged"))
 
 
-def check_mlflow(findings: Findings, client, experiment: str, parent_flow_run: str, stages: tuple[str, ...],
-                 max_steps: int) -> None:
+def check_mlflow(findings: Findings, client, experiment: str, parent_flow_runs: list[str],
+                 stages: tuple[str, ...], max_steps: int) -> None:
+    """`parent_flow_runs`: the pipeline's flow run, then its rerun if it had one
+    (a rerun's cached stages answer with the first run's stage runs, under the
+    first run's pipeline run): one pipeline run each, one run per stage in all."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         findings.lost.append(("mlflow runs", f"no experiment {experiment!r}"))
         return
-    parents = client.search_runs([exp.experiment_id], filter_string=(
-        f"tags.stage = 'pipeline' and tags.`prefect.flow_run_id` = '{parent_flow_run}'"))
-    if len(parents) != 1:
-        (findings.duplicates if parents else findings.lost).append(
-            ("mlflow runs", f"{len(parents)} pipeline runs for flow run {parent_flow_run}"))
-    if not parents:
-        return
-    children = client.search_runs([exp.experiment_id], filter_string=(
-        f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'"))
+    children = []
+    for flow_run in parent_flow_runs:
+        parents = client.search_runs([exp.experiment_id], filter_string=(
+            f"tags.stage = 'pipeline' and tags.`prefect.flow_run_id` = '{flow_run}'"))
+        if len(parents) != 1:
+            (findings.duplicates if parents else findings.lost).append(
+                ("mlflow runs", f"{len(parents)} pipeline runs for flow run {flow_run}"))
+        for parent in parents[:1]:
+            children += client.search_runs([exp.experiment_id], filter_string=(
+                f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"))
     by_stage = Counter(r.data.tags.get("stage") for r in children)
     for stage in stages:
         if by_stage[stage] != 1:
             (findings.duplicates if by_stage[stage] else findings.lost).append(
-                ("mlflow runs", f"{by_stage[stage]} {stage} runs under pipeline run {parents[0].info.run_id}"))
+                ("mlflow runs", f"{by_stage[stage]} {stage} runs under the pipeline runs of {parent_flow_runs}"))
     train = [r for r in children if r.data.tags.get("stage") == "train"]
     if train:
         check_metrics(findings, metric_steps(client, train[0].info.run_id), max_steps)

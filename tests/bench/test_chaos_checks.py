@@ -60,11 +60,20 @@ def test_mlflow_runs_are_one_per_stage_with_their_steps_read_back(tmp_path):
                 for step in range(1, 4):
                     run.log_metrics({k: 1.0 for k in chaos_checks.PER_STEP_METRICS}, step=step)
     found = chaos_checks.Findings()
-    chaos_checks.check_mlflow(found, MlflowClient(default_tracking_uri(config)), config.tracking.experiment,
-                              flow_run, ("data", "train", "export"), 3)
-    assert ("mlflow runs", f"2 train runs under pipeline run {parent.run_id}") in found.duplicates
-    assert ("mlflow runs", f"0 export runs under pipeline run {parent.run_id}") in found.lost
+    client = MlflowClient(default_tracking_uri(config))
+    chaos_checks.check_mlflow(found, client, config.tracking.experiment, [flow_run], ("data", "train", "export"), 3)
+    assert ("mlflow runs", f"2 train runs under the pipeline runs of {[flow_run]}") in found.duplicates
+    assert ("mlflow runs", f"0 export runs under the pipeline runs of {[flow_run]}") in found.lost
     assert not [f for f in found.lost if f[0] == "metric steps"]
+
+    # A rerun (after a full disk): its cached stages answer with the first run's; its own export counts.
+    rerun = "66666666-2222-3333-4444-555555555555"
+    with Tracker(config, "pipeline", tags={"stage": "pipeline", "prefect.flow_run_id": rerun}) as again:
+        with Tracker(config, "export", parent_run_id=again.run_id, tags={"stage": "export"}):
+            pass
+    both = chaos_checks.Findings()
+    chaos_checks.check_mlflow(both, client, config.tracking.experiment, [flow_run, rerun], ("data", "export"), 3)
+    assert both.lost == [] and both.duplicates == []
 
 
 def test_a_live_lease_temp_files_and_extra_attempts_are_problems(tmp_path):
