@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import chaos_checks, chaos_faults
-from bench.chaos_stack import (Stack, Supervisor, _say, mount_small, pipeline_alive, reference_digest, settings, soak_env,
-                               unmount)
+from bench.chaos_stack import (Stack, Supervisor, _say, mount_small, pipeline_alive, reference_digest, settings,
+                               soak_env, unmount)
 from gpt2.figures_on_record import commit
 
 RESULTS = Path(__file__).with_name("chaos_results.jsonl")
