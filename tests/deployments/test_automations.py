@@ -85,6 +85,8 @@ def test_zombie_watch_covers_heartbeats_of_gpu_runs_and_the_parent_only():
     trigger = _trigger(ZOMBIE)
     assert trigger.posture == "Proactive" and trigger.for_each == {"prefect.resource.id"}
     assert trigger.starts_after("prefect.flow-run.heartbeat")
+    # A run that dies between its Running state and its first beat is watched too.
+    assert trigger.starts_after("prefect.flow-run.Running")
     assert trigger.covers(_event("prefect.flow-run.heartbeat", None))
     assert trigger.covers(_event("prefect.flow-run.heartbeat", None, tags=("gpt2", "pipeline", "preemptible")))
     assert not trigger.covers(_event("prefect.flow-run.heartbeat", None, tags=("gpt2",)))
@@ -202,3 +204,30 @@ def test_applying_the_automations_twice_leaves_one_of_each(prefect_server):
             if name == RESCHEDULE:
                 assert applied.trigger.match["prefect.run-count"] == deployment_file.run_counts(5)
             client.delete_automation(applied.id)
+
+
+@pytest.mark.e2e
+def test_real_server_crashes_a_run_that_died_before_its_first_heartbeat(prefect_server):
+    """Its machine and worker gone between Running and the first beat (found by
+    the fault soak: the pipeline's parent sat Running for ever)."""
+    from prefect import flow
+
+    @flow(name="gpt2-zombie-probe")
+    def probe() -> None: ...
+
+    window = deployment_file.MIN_ZOMBIE_AFTER_S
+    spec = {s["name"]: s for s in deployment_file.automations(zombie_after_s=window)}[ZOMBIE]
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(ZOMBIE):
+            client.delete_automation(old.id)
+        automation_id = client.create_automation(AutomationCore.model_validate(spec))
+        try:
+            deployment_id = client.create_deployment(client.create_flow(probe), "zombie-probe")
+            run = client.create_flow_run_from_deployment(deployment_id, tags=["gpt2", "pipeline"])
+            time.sleep(2)  # let the automation load before the first event
+            client.set_flow_run_state(run.id, Pending())
+            client.set_flow_run_state(run.id, Running())  # ... and not a beat after it
+            after = _wait_state(client, run.id, lambda s: s.type == StateType.CRASHED, window + 60)
+            assert "No heartbeat" in after.state.message
+        finally:
+            client.delete_automation(automation_id)
