@@ -33,8 +33,12 @@ def running() -> list[Outbox]:
 
 class Outbox:
     def __init__(self, name: str, connect: Callable[[], Any], send_batch: Callable[[Any, list], None],
-                 batch_size: int = 1000, interval_s: float = 5.0, max_backoff_s: float = 60.0):
-        self.name, self._connect, self._send_batch = name, connect, send_batch
+                 batch_size: int = 1000, interval_s: float = 5.0, max_backoff_s: float = 60.0,
+                 fence: Callable[[], bool] | None = None):
+        """`fence`: asked before every send; once it answers False its owner has
+        lost the right to send (a trainer whose run another took over): what is
+        queued is dropped and nothing more is sent."""
+        self.name, self._connect, self._send_batch, self._fence = name, connect, send_batch, fence
         self._batch_size, self._interval, self._max_backoff = batch_size, interval_s, max_backoff_s
         self._points: deque = deque()
         self._records: deque[tuple[str, Send]] = deque()
@@ -72,11 +76,15 @@ class Outbox:
     def discard(self) -> int:
         """Drop everything not sent yet and stop (its owner lost the right to
         send: the trainer that took its run over sends those steps itself)."""
+        dropped = self.discard_queued()
+        self.stop()
+        return dropped
+
+    def discard_queued(self) -> int:
         with self._lock:
             dropped = len(self._points) + len(self._records)
             self._points.clear()
             self._records.clear()
-        self.stop()
         return dropped
 
     def _busy(self) -> bool:
@@ -119,6 +127,11 @@ class Outbox:
 
     def _drain(self) -> bool:
         try:
+            if self._fence is not None and not self._fence():  # raising: an outage like any other
+                log.info("%s: its owner may send no more; dropping %d unsent record(s)", self.name,
+                         self.discard_queued())
+                self._stopping = True
+                return True
             conn = self._connect()
             self._connected = True
             while self._records:

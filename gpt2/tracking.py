@@ -105,7 +105,8 @@ class Tracker:
                  parent_run_id: str | None = None, tags: dict[str, Any] | None = None,
                  enabled: bool = True, system_metrics: bool = False,
                  flush_interval_s: float = 5.0, connect_timeout_s: float = 10.0,
-                 close_timeout_s: float = 30.0):
+                 close_timeout_s: float = 30.0, fence: Callable[[], bool] | None = None):
+        """`fence`: asked before every send (a trainer's lease: Lease.still_held; gpt2.outbox.Outbox)."""
         enabled = enabled and config.tracking.enabled
         self.enabled, self.run_id, self.run_name = enabled, run_id, run_name
         self.uri = default_tracking_uri(config)
@@ -116,8 +117,7 @@ class Tracker:
         if parent_run_id:
             self._tags["mlflow.parentRunId"] = parent_run_id
         self._resumed, self._ready, self._client, self._monitor = run_id is not None, False, None, None
-        self._logged_through: dict[str, int] = {}
-        """A resumed run: per metric, the last step it holds (_last_steps)."""
+        self._logged_through: dict[str, int] = {}  # a resumed run: per metric, the last step it holds
         self.experiment_id: str | None = None
         """Known once MLflow was reached (for links: ui_link)."""
         self._system_metrics, self._close_timeout = system_metrics, close_timeout_s
@@ -126,7 +126,7 @@ class Tracker:
         if enabled:
             self._spool = Path(tempfile.mkdtemp(prefix="gpt2-tracking-"))
             self._outbox = Outbox(f"MLflow at {self.safe_uri}", self._connect, self._send_metrics,
-                                  batch_size=MAX_METRICS_PER_BATCH, interval_s=flush_interval_s)
+                                  batch_size=MAX_METRICS_PER_BATCH, interval_s=flush_interval_s, fence=fence)
             self._outbox.wait_first_attempt(connect_timeout_s)  # so run_id is known up front when MLflow is up
 
     # ----- public API: every call only queues -----

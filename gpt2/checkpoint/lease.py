@@ -193,6 +193,15 @@ class Lease:
             self.lost = True
             raise LeaseLost(self._lost_message())
 
+    def still_held(self) -> bool:
+        """check() as an answer: False once a later trainer took the run over
+        (its MLflow sends are fenced too: gpt2.outbox); a storage error raises."""
+        try:
+            self.check()
+        except LeaseLost:
+            return False
+        return True
+
     def _lost_message(self) -> str:
         return (f"the lease of {self.directory} passed to a later trainer (this one held generation "
                 f"{self.generation}): stopping without writing; the other trainer continues the run")

@@ -87,7 +87,8 @@ class Loop:
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
                                parent_run_id=parent_run_id, tags=all_tags,
-                               enabled=session.env.is_main, system_metrics=True)
+                               enabled=session.env.is_main, system_metrics=True,
+                               fence=session.lease.still_held if session.lease else None)  # lost: no late sends
         self.tracker.requeue(state.get("tracking_backlog") or [])  # what the killed attempt never sent
         if session.env.is_main and not state:
             self.tracker.log_params(self.cfg.model_dump(mode="json"))

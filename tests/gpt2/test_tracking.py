@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from mlflow import MlflowClient
 
 from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, ui_link
@@ -197,3 +199,25 @@ def test_a_tracker_whose_run_was_taken_over_sends_nothing_more(tmp_path):
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     points = [(m.step, m.value) for r in runs for m in client.get_metric_history(r.info.run_id, "loss")]
     assert points == [(1, 1.0), (2, 1.0), (3, 1.0)]
+
+
+def test_a_fenced_tracker_sends_nothing_once_its_lease_passed_to_another(tmp_path):
+    """The trainer's lease check fences its MLflow sends too: a trainer that
+    thaws after another took its run over must not send what it had queued
+    (MLflow away), even before its loop notices: its sender checks first."""
+    from gpt2 import storage
+    from gpt2.checkpoint.lease import Lease
+
+    lease = Lease(f"file://{tmp_path}/lease", ttl_s=60)
+    assert lease.try_acquire() is None  # generation 1
+    config = tiny_config(tmp_path)
+    tracker = Tracker(config, "run-f", flush_interval_s=0.2, fence=lease.still_held)
+    tracker.log_metrics({"loss": 9.0}, step=1)
+    assert tracker.flush(timeout=30)
+    # Another trainer takes the run over (the next generation, as Lease.try_acquire writes it) ...
+    storage.create_exclusive(f"file://{tmp_path}/lease/000002.json", b'{"holder": {}, "renewed_at": 0}')
+    tracker.log_metrics({"loss": 8.0}, step=2)  # ... before this one's sender sends step 2
+    time.sleep(1.0)
+    tracker.close(None)
+    history = MlflowClient(default_tracking_uri(config)).get_metric_history(tracker.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(1, 9.0)]
