@@ -140,6 +140,8 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
          f"{len(findings.lost)} lost, {len(findings.duplicates)} duplicated, {len(findings.problems)} problem(s)")
     for what, detail in findings.lost + findings.duplicates + findings.problems:
         _say(f"  {what}: {detail}")
+    for what, detail in findings.notes:
+        _say(f"  note, {what}: {detail}")
     return result
 
 
@@ -191,6 +193,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
         "lost": sum(len(p["lost"]) for p in pipelines),
         "duplicates": sum(len(p["duplicates"]) for p in pipelines),
         "problems": sum(len(p["problems"]) for p in pipelines),
+        "notes": sum(len(p["notes"]) for p in pipelines),  # reported, not failing (chaos_checks.SAMPLED)
         # disk-full needs a filesystem of the pipeline's own (a tmpfs: the right to mount).
         "unavailable": ["disk-full"] if "disk-full" in opts.kinds and not any(
             p["own_filesystem"] for p in pipelines) else [],

@@ -46,8 +46,10 @@ def test_metric_steps_logged_twice_or_missing_are_found():
     assert clean.lost == clean.duplicates == []
     steps = {k: every for k in chaos_checks.PER_STEP_METRICS}
     steps["train/loss"] = Counter([1, 2, 3, 3, 5])  # step 3 twice, step 4 missing
+    steps["system/cpu_utilization_percentage"] = Counter([1, 1])  # two machines' monitors: a note only
     chaos_checks.check_metrics(bad, steps, 5)
     assert [w for w, _ in bad.duplicates] == ["metric steps"] and "train/loss" in bad.duplicates[0][1]
+    assert [w for w, _ in bad.notes] == ["metric steps"] and "system/cpu" in bad.notes[0][1]
     assert [w for w, _ in bad.lost] == ["metric steps"] and "[4]" in bad.lost[0][1]
 
 
