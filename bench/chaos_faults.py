@@ -145,14 +145,6 @@ def _tree(proc: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def _send(procs: list[psutil.Process], sig: int) -> None:
-    for proc in procs:
-        try:
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
-
-
 class DiskFiller:
     """Fills the filesystem that holds `path` (one the soak mounted for the
     pipeline, so nothing else runs short) and frees it again."""
@@ -244,17 +236,17 @@ class Injector:
             if kind == "mlflow-away":
                 self.supervisor.hold(name, lasting or self.timing.mlflow_away_s)
             if action == "kill":
-                _send([proc], signal.SIGKILL)
+                processes.signal_all([proc], signal.SIGKILL)
             elif action == "term":
-                _send([proc], signal.SIGTERM)
+                processes.signal_all([proc], signal.SIGTERM)
                 if kind.split(":", 1)[1] in SERVICE_KINDS:
-                    self._later(TERM_GRACE_S, lambda p=proc: _send([p], signal.SIGKILL))
+                    self._later(TERM_GRACE_S, lambda p=proc: processes.signal_all([p], signal.SIGKILL))
             else:
                 tree = _tree(proc)
                 pause = lasting or self.rng.uniform(*self.timing.pause_s)
-                _send(tree, signal.SIGSTOP)
-                self.undo.append(lambda t=tree: _send(t, signal.SIGCONT))
-                self._later(pause, lambda t=tree: _send(t, signal.SIGCONT))
+                processes.signal_all(tree, signal.SIGSTOP)
+                self.undo.append(lambda t=tree: processes.signal_all(t, signal.SIGCONT))
+                self._later(pause, lambda t=tree: processes.signal_all(t, signal.SIGCONT))
                 fault.target += f" for {pause:.0f} s"
             self.log(f"fault {kind}: {fault.target} (drawn among {len(choices)} kinds)")
         time.sleep(3)  # time for a killed trainer's process to go

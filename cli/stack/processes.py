@@ -74,7 +74,7 @@ def _tree(leader: psutil.Process) -> list[psutil.Process]:
     return list(found.values())
 
 
-def _signal(procs: list[psutil.Process], sig: int) -> None:
+def signal_all(procs: list[psutil.Process], sig: int) -> None:
     for proc in procs:
         try:
             proc.send_signal(sig)
@@ -97,10 +97,10 @@ def stop(rec: dict[str, Any], timeout: float = STOP_S, alone_s: float | None = N
     if leader is None:
         return []
     procs = _tree(leader)
-    _signal(procs, signal.SIGTERM)
+    signal_all(procs, signal.SIGTERM)
     left = _wait_gone(procs, timeout, leader, alone_s)
     forced = [_describe(p) for p in left]
-    _signal(left, signal.SIGKILL)
+    signal_all(left, signal.SIGKILL)
     _wait_gone(left, 5)
     return forced
 
@@ -118,9 +118,9 @@ def stop_leftovers(rec: dict[str, Any], timeout: float = STOP_S) -> list[str]:
                 left.append(proc)
         except (ProcessLookupError, psutil.NoSuchProcess):
             pass
-    _signal(left, signal.SIGTERM)
+    signal_all(left, signal.SIGTERM)
     forced = _wait_gone(left, timeout)
-    _signal(forced, signal.SIGKILL)
+    signal_all(forced, signal.SIGKILL)
     _wait_gone(forced, 5)
     return [_describe(p) for p in forced]
 
