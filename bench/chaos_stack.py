@@ -7,7 +7,6 @@ pipeline for the full-disk fault."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any, Callable
 
 from bench import chaos_checks, chaos_faults
 from cli.stack import processes, services
+from cli.stack.prefect_setup import isolated_env
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -36,12 +36,7 @@ def soak_env(base: Path, mark: str) -> dict[str, str]:
     """The user's environment minus anything that points Prefect or MLflow
     elsewhere; the soak's own home and stack directory; the mark every
     process of the soak inherits (how the injector finds its targets)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return {**env, "HOME": str(base / "home"), "XDG_CACHE_HOME": cache, "GPT2_STACK_DIR": str(base / "stack"),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            chaos_faults.MARK_ENV: mark}
+    return {**isolated_env(base / "home"), "GPT2_STACK_DIR": str(base / "stack"), chaos_faults.MARK_ENV: mark}
 
 
 def gpt2(env: dict[str, str], *args: str, timeout: float = 900) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from flows import deployment_file
@@ -49,6 +50,24 @@ def stack_pools(gpu_pools: list[str], no_worker: list[str]) -> dict[str, bool]:
 def stack_deployments(pools: dict[str, bool]) -> list[str]:
     """prefect.yaml's deployments on the stack's pools (the ladder's other rungs are left out)."""
     return [spec["name"] for spec in deployment_file.deployments() if spec["work_pool"]["name"] in pools]
+
+
+def isolated_env(home: Path) -> dict[str, str]:
+    """This process's environment for a stack apart from the user's own (the
+    tests', the fault soak's): nothing that points Prefect or MLflow elsewhere,
+    a HOME of its own (so its own Prefect profile), one intra-op thread.
+
+    One thread per trainer because a stack's processes share the machine's
+    cores: two OpenMP threads per trainer spin against each other and
+    everything else (a smoke step ran 20x slower that way); a user's own
+    OMP_NUM_THREADS is kept. The cache stays this user's: with a fresh HOME
+    each stack would otherwise copy the migrated empty databases new stacks
+    start from (gpt2.seeded_store) again, which a user's machine does once."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return {**env, "HOME": str(home), "XDG_CACHE_HOME": cache, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
 def client_env(api_url: str, auth: str | None) -> dict[str, str]:

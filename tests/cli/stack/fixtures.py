@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from cli.stack.prefect_setup import isolated_env
+
 
 def clean_env(home: Path) -> dict[str, str]:
     """This machine's environment minus anything that points Prefect elsewhere."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
-    # One intra-op thread per trainer: the stack's processes share two cores, and
-    # two OpenMP threads per trainer spin against each other and everything else
-    # (a smoke step ran 20x slower that way). A user's own setting is kept.
-    # The cache stays this user's: a fresh HOME per stack would otherwise make
-    # the migrated empty databases new stacks copy (gpt2.seeded_store) again each
-    # time, as a real user's machine does only once.
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return {**env, "HOME": str(home), "XDG_CACHE_HOME": cache, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return isolated_env(home)
 
 
 def gpt2(env: dict[str, str], cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
