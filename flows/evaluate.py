@@ -21,7 +21,7 @@ from gpt2 import storage
 from gpt2.checkpoint.ref import resolve_checkpoint
 from gpt2.config import Config
 from gpt2.overrides import resolve_config
-from gpt2.steps import with_resolved_steps
+from gpt2.steps import steps_for_checkpoint
 from tasks.common import run_cached
 from tasks.evaluate import evaluate_hellaswag
 
@@ -46,10 +46,7 @@ def eval_flow(
     parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """HellaSwag (lm-eval, checked against the native scorer) of a checkpoint."""
-    # train.max_steps=epoch is resolved as the train stage resolved it, so
-    # `latest` finds the same run; a named checkpoint needs no run name.
-    config = with_resolved_steps(resolve_config(preset, overrides or {}, root=root),
-                                 required=checkpoint in (None, "", "latest"))
+    config = steps_for_checkpoint(resolve_config(preset, overrides or {}, root=root), checkpoint)
     if (left := left_state(config)) is not None:
         return left
     result = run_eval_stage(config, checkpoint, parent_run_id)

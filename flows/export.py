@@ -18,7 +18,7 @@ from gpt2.checkpoint.ref import resolve_checkpoint
 from gpt2.config import Config
 from gpt2.export.writer import export_complete
 from gpt2.overrides import resolve_config
-from gpt2.steps import with_resolved_steps
+from gpt2.steps import steps_for_checkpoint
 from tasks.common import run_cached
 from tasks.export import export_checkpoint, register_model
 from tasks.registry import model_version_exists
@@ -51,10 +51,7 @@ def export_flow(
     parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """HF + llm.c export of a checkpoint, the HF model registered in MLflow."""
-    # train.max_steps=epoch is resolved as the train stage resolved it, so
-    # `latest` finds the same run; a named checkpoint needs no run name.
-    config = with_resolved_steps(resolve_config(preset, overrides or {}, root=root),
-                                 required=checkpoint in (None, "", "latest"))
+    config = steps_for_checkpoint(resolve_config(preset, overrides or {}, root=root), checkpoint)
     result = run_export_stage(config, checkpoint, parent_run_id)
     publish_result(config, result)
     return result

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from gpt2 import layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
-from gpt2.steps import with_resolved_steps
+from gpt2.steps import steps_for_checkpoint, with_resolved_steps
 
 
 class NotAnswered(UserError):
@@ -103,7 +103,7 @@ def _ref(config: Config, checkpoint: str | None):
     """The config and checkpoint as the evaluate and export flows resolve them."""
     from gpt2.checkpoint.ref import resolve_checkpoint
 
-    config = with_resolved_steps(config, required=checkpoint in (None, "", "latest"))
+    config = steps_for_checkpoint(config, checkpoint)
     return config, resolve_checkpoint(config, checkpoint)
 
 

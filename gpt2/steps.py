@@ -68,6 +68,13 @@ def with_resolved_steps(config: Config, required: bool = True) -> Config:
     return config.model_copy(update={"train": config.train.model_copy(update={"max_steps": steps})})
 
 
+def steps_for_checkpoint(config: Config, checkpoint: str | None) -> Config:
+    """The config as the evaluate and export stages resolve it for `checkpoint`:
+    `train.max_steps=epoch` resolved as the train stage resolved it, so `latest`
+    finds the same run; a named checkpoint needs no run name, so no data stage."""
+    return with_resolved_steps(config, required=checkpoint in (None, "", "latest"))
+
+
 def planned_steps(config: Config) -> tuple[int, str, str | None]:
     """For `gpt2 plan`, before anything runs: (steps, where they come from, a
     note). `set`: train.max_steps is a number; `manifest`: one epoch of the
