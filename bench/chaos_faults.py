@@ -114,8 +114,9 @@ def targets(state_dir: Path, mark: str) -> dict[str, list[tuple[str, psutil.Proc
     state = services.read_state(state_dir) or {"processes": []}
     for rec in state["processes"]:
         proc = processes.process(rec)
-        if proc is not None:
-            found["worker" if rec["name"].startswith("worker") else rec["name"]].append((rec["name"], proc))
+        kind = "worker" if rec["name"].startswith("worker") else rec["name"]
+        if proc is not None and kind in found:  # the rescheduler is no target: the kinds are the parts any Prefect deployment has
+            found[kind].append((rec["name"], proc))
     runs = []
     for proc in soak_processes(mark):
         line = _cmdline(proc)

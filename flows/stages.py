@@ -17,11 +17,9 @@ from typing import Any, Callable
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun, StateType
-from prefect.client.schemas.responses import SetStateStatus
 from prefect.deployments import run_deployment
-from prefect.states import Scheduled
 
-from flows import child_progress
+from flows import child_progress, reschedule
 from flows.deployment_file import RESCHEDULE_AUTOMATION
 from gpt2 import ladder, layout, storage
 from gpt2.config import Config
@@ -36,7 +34,7 @@ DEPLOYMENTS = {
     "evaluate": "gpt2-eval/evaluate",
     "export": "gpt2-export/export",
 }
-RESCHEDULE_GRACE_S = 120.0
+RESCHEDULE_GRACE_S = reschedule.GRACE_S
 """How long a Crashed child may take to be rescheduled by the automation."""
 
 
@@ -168,27 +166,15 @@ def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),
 
 def reschedule_in_its_place(run: FlowRun, grace_s: float) -> bool:
     """Put a stage run still Crashed `grace_s` after its crash back to
-    Scheduled (AwaitingRetry), exactly as the reschedule automation would have:
-    only where that automation is enabled on the server and matches the run
-    (its `preemptible` tag, a run count within its list). The automation can
-    miss a crash for up to 15 minutes after a Prefect server restart: the
-    server's event ordering forgets, when it restarts, which events it has
-    seen, and holds a Crashed event that follows a Running event from before
-    the restart until its lookback runs out (Prefect 3.9,
-    prefect.server.events.ordering). Returns whether it rescheduled the run."""
-    if "preemptible" not in (run.tags or []):
-        return False
+    Scheduled (AwaitingRetry), exactly as the reschedule automation would have,
+    and only where it would have (flows.reschedule says why the automation can
+    miss a crash). Returns whether it rescheduled the run."""
     with get_client(sync_client=True) as client:
-        counts = {c for a in client.read_automations_by_name(RESCHEDULE_AUTOMATION)
-                  if a.enabled and "prefect.run-count" in a.trigger.match for c in a.trigger.match["prefect.run-count"]}
-        if str(run.run_count) not in counts:
+        if not reschedule.the_automation_would(run, reschedule.automation_run_counts(client)):
             return False
-        answer = client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry", message=(
-            f"Rescheduled by the pipeline: still Crashed {grace_s:.0f} s after the crash, which "
-            f"{RESCHEDULE_AUTOMATION} did not act on; resumes from its newest checkpoint.")))
-    if answer.status != SetStateStatus.ACCEPT:  # it moved meanwhile, or the server refuses (its reason)
-        get_run_logger().warning("stage run %s could not be rescheduled: %s", run.name,
-                                 getattr(answer.details, "reason", answer.status))
+        done, why = reschedule.put_back(client, run, "the pipeline", grace_s)
+    if not done:
+        get_run_logger().warning("stage run %s could not be rescheduled: %s", run.name, why)
         return False
     get_run_logger().warning("stage run %s was still Crashed %.0f s after its crash; rescheduled it as %s would "
                              "have (%s)", run.name, grace_s, RESCHEDULE_AUTOMATION, run.state.message)

@@ -215,6 +215,15 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], 
                                                   deployment_file.PROJECT_DIR, state_dir / "logs"))
 
 
+def _start_rescheduler(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:
+    """The backstop for the reschedule automation (flows.reschedule): puts back
+    a crashed preemptible run the automation missed, the pipeline's parent too."""
+    state["processes"].append(processes.start(
+        "rescheduler", [sys.executable, "-m", "flows.reschedule"],
+        {**env, **prefect_setup.client_env(state["prefect_api_url"], auth)}, deployment_file.PROJECT_DIR,
+        state_dir / "logs"))
+
+
 def _pools(state: dict[str, Any]) -> dict[str, bool]:
     """The stack's pools, each with whether a worker polls it (a state file
     from before the ladder of GPU pools has the two pools, both with workers)."""
@@ -301,6 +310,7 @@ def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int], say: Cal
     prefect_setup.create_pools(api, auth, _pools(state))
     state["automations"] = prefect_setup.apply_automations(api, auth, *watch)
     _start_workers(state, state_dir, env, auth)
+    _start_rescheduler(state, state_dir, env, auth)
     _write_state(state_dir, state)
     say("deploying prefect.yaml")
     prefect_setup.deploy_all(api, auth, env, str(state_dir / "logs" / "deploy.log"),
@@ -324,7 +334,7 @@ def _port(url: str) -> int:
 
 
 def restart(state_dir: Path, name: str, away_s: float = 0.0) -> dict[str, Any]:
-    """Bring one part of the stack back (`server`, `mlflow` or `worker-<pool>`)
+    """Bring one part of the stack back (`server`, `mlflow`, `rescheduler` or `worker-<pool>`)
     as systemd or Kubernetes would: stop what is left of it, wait `away_s`,
     start it again on the same port, database and pool, wait until it answers.
     What a dead part left behind in its process group goes too (a server's
@@ -351,6 +361,8 @@ def restart(state_dir: Path, name: str, away_s: float = 0.0) -> dict[str, Any]:
         _start_server(state, state_dir, env, auth, _port(state["prefect_api_url"]))
     elif name == "mlflow":
         _start_mlflow(state, state_dir, env, _port(state["mlflow_url"]))
+    elif name == "rescheduler":
+        _start_rescheduler(state, state_dir, env, auth)
     else:
         _start_workers(state, state_dir, env, auth, [pool])
     _write_state(state_dir, state)
@@ -394,7 +406,9 @@ def down(state_dir: Path) -> dict[str, Any]:
     if state is None:
         return {"stopped": []}
     forced, seconds = {}, {}  # by the name of each process stopped, in the order stopped
-    for rec in sorted(state["processes"], key=lambda p: not p["name"].startswith("worker")):
+    # Workers and the rescheduler first: nothing may start or put back a run while the server goes.
+    for rec in sorted(state["processes"], key=lambda p: not (p["name"].startswith("worker") or
+                                                           p["name"] == "rescheduler")):
         if processes.alive(rec):
             started = time.monotonic()
             left = stop_service(rec)

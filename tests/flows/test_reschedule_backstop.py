@@ -75,3 +75,56 @@ def test_no_automation_on_the_server_means_no_backstop(prefect_server):
         run = _crashed_run(client, ["gpu", "preemptible"])
         assert _backstop(str(run.id)) is False
         assert client.read_flow_run(run.id).state.is_crashed()
+
+
+# The stack's rescheduler (flows.reschedule.sweep): the same rule for every
+# Crashed preemptible run, the pipeline's parent included. The soak found why:
+# a pipeline's parent SIGKILLed while the Prefect server was busy (a full disk,
+# a frozen server moments later) stayed Crashed for good: its Crashed event
+# never reached the automation, and nothing above a parent puts it back.
+
+def _later(seconds: float):
+    from datetime import datetime, timedelta, timezone
+
+    return datetime.now(timezone.utc) + timedelta(seconds=seconds)
+
+
+def test_the_sweep_puts_back_a_crashed_parent_the_automation_missed(automations):
+    from flows import reschedule
+
+    (automation,) = automations.read_automations_by_name("gpt2-reschedule-preempted")
+    # The automation misses the crash (paused while the run crashes), then is on again.
+    automations.pause_automation(automation.id)
+    parent = _crashed_run(automations, ["gpt2", "pipeline", "preemptible"])
+    automations.resume_automation(automation.id)
+    said = []
+    assert parent.name not in reschedule.sweep(automations, grace_s=120, say=said.append)  # the automation's time
+    assert automations.read_flow_run(parent.id).state.is_crashed()
+
+    # (The server is shared: runs other tests left Crashed may be put back too.)
+    assert parent.name in reschedule.sweep(automations, grace_s=120, now=_later(121), say=said.append)
+    state = automations.read_flow_run(parent.id).state
+    assert state.is_scheduled() and state.name == "AwaitingRetry"
+    assert "the stack's rescheduler" in state.message and "did not act" in state.message
+    assert any(parent.name in line and "rescheduled it" in line for line in said), said
+
+
+def test_the_sweep_leaves_what_the_automation_would_leave(automations):
+    from flows import reschedule
+
+    untagged = _crashed_run(automations, ["gpt2", "pipeline"])
+    spent = _crashed_run(automations, ["gpu", "preemptible"], runs=3)  # beyond max_reschedules=2
+    done = reschedule.sweep(automations, grace_s=120, now=_later(121), say=lambda _: None)
+    assert untagged.name not in done and spent.name not in done
+    assert all(automations.read_flow_run(r.id).state.is_crashed() for r in (untagged, spent))
+
+
+def test_no_automation_means_the_sweep_does_nothing(prefect_server):
+    from flows import reschedule
+
+    with get_client(sync_client=True) as client:
+        for automation in client.read_automations_by_name("gpt2-reschedule-preempted"):
+            client.delete_automation(automation.id)
+        run = _crashed_run(client, ["gpu", "preemptible"])
+        assert reschedule.sweep(client, grace_s=120, now=_later(121), say=lambda _: None) == []
+        assert client.read_flow_run(run.id).state.is_crashed()

@@ -70,7 +70,8 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     assert up["root"] == f"file://{tmp_path / 'root'}"
     assert Path(up["state_dir"]) == home / ".cache" / "gpt2-pipeline" / "stack"
     auth = _assert_private(up, home)
-    assert all(part["healthy"] for part in up["parts"].values()) and len(up["parts"]) == 4
+    assert all(part["healthy"] for part in up["parts"].values())
+    assert set(up["parts"]) == {"server", "mlflow", "worker-cpu", "worker-gpu", "rescheduler"}
     pids = {name: part["pid"] for name, part in up["parts"].items()}
 
     status = last_json(gpt2(env, cwd, "stack", "status", "--json"))
@@ -97,10 +98,14 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
     # MLflow serves runs only: no job runner and huey consumers (MLflow's GenAI jobs) beside it.
     mlflow_tree = [" ".join(p.cmdline()) for p in psutil.Process(pids["mlflow"]).children(recursive=True)]
     assert not [c for c in mlflow_tree if "huey" in c or "job_runner" in c], mlflow_tree
+    # The rescheduler (flows.reschedule) runs and reaches the server.
+    log = Path(up["parts"]["rescheduler"]["log"]).read_text()
+    assert "rescheduler: every" in log and "does not answer" not in log, log
     down = last_json(gpt2(env, cwd, "stack", "down", "--json"))
     assert sorted(down["stopped"]) == sorted(pids) and down["profile"] == "mine"
     assert not [p for p in started if _running(p)]
     assert not processes.http_ok(f"{up['prefect_api_url']}/health", timeout=1)
+    assert down["seconds"]["rescheduler"] < processes.STOP_S  # it stops at its SIGTERM, not at the SIGKILL
     profiles = (home / ".prefect" / "profiles.toml").read_text()
     assert 'active = "mine"' in profiles and "gpt2-local" not in profiles and auth not in profiles
     after = gpt2(env, cwd, "stack", "status", "--json", check=False)

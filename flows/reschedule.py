@@ -1,0 +1,147 @@
+"""Backstops for the reschedule automation: a crashed preemptible flow run
+put back to Scheduled exactly as `gpt2-reschedule-preempted` would have,
+where that automation should have acted and did not.
+
+The automation is edge-triggered: it acts on a flow run's Crashed event.
+A Prefect server can lose or hold that event. After a restart its event
+ordering holds a Crashed event that follows a Running event from before the
+restart for 15 minutes (Prefect 3.9, prefect.server.events.ordering); on
+SQLite under load an event whose processing hit a locked database can be
+dropped, and the event that follows it then waits for a leader that never
+comes. The fault soak found both (bench/chaos.py): a stage left Crashed
+failed its pipeline, and a pipeline's own parent, killed while the server
+was busy, stayed Crashed for good.
+
+The backstops are level-triggered instead: they look at runs' states, not
+at events. The parent flow puts back a stage run of its own
+(flows.stages._settled); the local stack's rescheduler (`python -m
+flows.reschedule`, a part of `gpt2 stack up`) sweeps every Crashed
+preemptible run, the pipeline's parent included. Both act only where the
+automation is enabled on the server and matches the run (its `preemptible`
+tag, a run count within its list), and only after a grace far longer than
+the automation's own 20 s wait, so where the automation works they never
+act.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    FlowRunFilterTags,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.responses import SetStateStatus
+from prefect.states import Scheduled
+
+from flows.deployment_file import RESCHEDULE_AUTOMATION
+
+PREEMPTIBLE = "preemptible"
+GRACE_S = 120.0
+"""How long a Crashed run is left to the automation (which waits 20 s)."""
+SWEEP_EVERY_S = 15.0
+
+
+def automation_run_counts(client: Any) -> set[str]:
+    """The run counts the enabled reschedule automation puts back (none: no
+    automation, so no backstop either)."""
+    return {count for a in client.read_automations_by_name(RESCHEDULE_AUTOMATION)
+            if a.enabled and "prefect.run-count" in a.trigger.match
+            for count in a.trigger.match["prefect.run-count"]}
+
+
+def the_automation_would(run: FlowRun, counts: set[str]) -> bool:
+    return run.state is not None and run.state.type == StateType.CRASHED and PREEMPTIBLE in (run.tags or []) \
+        and str(run.run_count) in counts
+
+
+def crashed_for_s(run: FlowRun, now: datetime) -> float:
+    return (now - run.state.timestamp).total_seconds()
+
+
+def put_back(client: Any, run: FlowRun, by: str, grace_s: float) -> tuple[bool, str]:
+    """Set the run AwaitingRetry, as the automation does; (done, why not)."""
+    answer = client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry", message=(
+        f"Rescheduled by {by}: still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} "
+        "did not act on; resumes from its newest checkpoint.")))
+    if answer.status != SetStateStatus.ACCEPT:  # it moved meanwhile, or the server refuses (its reason)
+        return False, str(getattr(answer.details, "reason", None) or answer.status)
+    return True, ""
+
+
+def sweep(client: Any, grace_s: float = GRACE_S, now: datetime | None = None,
+          say: Callable[[str], None] = print) -> list[str]:
+    """Put back every preemptible run Crashed longer than `grace_s` that the
+    automation would have put back; the names of those put back."""
+    counts = automation_run_counts(client)
+    if not counts:
+        return []
+    now = now or datetime.now(timezone.utc)
+    crashed = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.CRASHED])),
+        tags=FlowRunFilterTags(all_=[PREEMPTIBLE])), limit=200)
+    done = []
+    for run in crashed:
+        if not the_automation_would(run, counts) or crashed_for_s(run, now) < grace_s:
+            continue
+        ok, why = put_back(client, run, "the stack's rescheduler", grace_s)
+        if ok:
+            done.append(run.name)
+            say(f"flow run {run.name} ({run.id}) was still Crashed {crashed_for_s(run, now):.0f} s after its crash "
+                f"({run.state.message}); rescheduled it as {RESCHEDULE_AUTOMATION} would have")
+        else:
+            say(f"flow run {run.name} could not be rescheduled: {why}")
+    return done
+
+
+def run_forever(grace_s: float, every_s: float, stop: threading.Event, say: Callable[[str], None]) -> None:
+    """Sweep every `every_s` until `stop`; a server that is away is waited for
+    (said once per outage), as the workers wait for it."""
+    from prefect.client.orchestration import get_client
+
+    away = False
+    while not stop.is_set():
+        try:
+            with get_client(sync_client=True) as client:
+                sweep(client, grace_s, say=say)
+            if away:
+                say("the Prefect server answers again")
+            away = False
+        except Exception as err:  # the server away or restarting: try again next round
+            if not away:
+                say(f"the Prefect server does not answer ({type(err).__name__}: {err}); trying every {every_s:.0f} s")
+            away = True
+        stop.wait(every_s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flows.reschedule", description=(
+        "Put back crashed preemptible flow runs that gpt2-reschedule-preempted missed, as it would have."))
+    p.add_argument("--grace-s", type=float, default=GRACE_S, help="how long a run must have stayed Crashed")
+    p.add_argument("--every-s", type=float, default=SWEEP_EVERY_S, help="how often to look")
+    args = p.parse_args(argv)
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def say(message: str) -> None:
+        print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} {message}", flush=True)
+
+    say(f"rescheduler: every {args.every_s:.0f} s, runs Crashed over {args.grace_s:.0f} s")
+    run_forever(args.grace_s, args.every_s, stop, say)
+    say("rescheduler: stopped")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
