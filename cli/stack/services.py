@@ -132,6 +132,11 @@ def _base_env() -> dict[str, str]:
     return env
 
 
+LEASES_DIR_ENV = "GPT2_STACK_LEASES_DIR"
+"""Where the stack's server keeps its concurrency leases (cli.stack.lease_storage,
+which is not imported here: it imports Prefect's server, seconds of a `gpt2` command)."""
+
+
 def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> dict[str, str]:
     return {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}",
             # SQLite serializes writers; on a busy machine the default 10 s wait
@@ -140,6 +145,10 @@ def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> d
             # Remember across a restart which events it had seen (cli.stack.event_ordering):
             # else automations act on a flow run's crash up to 15 minutes late after one.
             "PREFECT_SERVER_EVENTS_CAUSAL_ORDERING": "cli.stack.event_ordering",
+            # Keep concurrency leases on disk (cli.stack.lease_storage): else a restart loses a
+            # GPU run's deployment slot, and Prefect cancels the run at its next lease renewal.
+            "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "cli.stack.lease_storage",
+            LEASES_DIR_ENV: str(state_dir / "concurrency-leases"),
             # Every request but /health needs the auth string (the UI asks for it
             # in a login form); state-changing ones also a CSRF token, which
             # Prefect's clients and the UI fetch by themselves.
