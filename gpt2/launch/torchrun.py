@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Callable
@@ -42,6 +43,22 @@ from gpt2.train.session import TrainingError, check_batch_shape
 from gpt2.train.status_file import StatusFile, step_info
 
 log = logging.getLogger(__name__)
+
+RELAUNCHES = 3
+"""How many times one launch starts a trainer again that was stopped from
+outside, by a signal the launcher neither sent nor received (the kernel's OOM
+killer, a stray `kill`): the next one resumes from the newest checkpoint, as a
+rescheduled run would, on the machine already paid for. A machine that goes
+away takes the launcher with it; the reschedule automation brings that run
+back. Only on one machine: a multi-node group restarts together or not at all."""
+RELAUNCH_PAUSE_S = 3.0
+"""Before a relaunch: a platform stopping the whole machine signals the
+launcher too, and its stop (the orchestrator's SIGTERM bridge) lands here first."""
+
+
+class StoppedFromOutside(TrainingError):
+    """The trainer ended by a signal that did not come through the launcher."""
+
 
 def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_run_id: str | None,
                      tags: dict | None, rendezvous: list[str] | None = None) -> list[str]:
@@ -88,6 +105,24 @@ def nproc_per_node(config: Config) -> int:
 def torchrun_train(config: Config, progress: Progress | None = None, log_line: Callable[[str], None] | None = None,
                    parent_run_id: str | None = None, tags: dict | None = None,
                    nproc: int | None = None, rendezvous_host: bool | None = None) -> TrainResult:
+    """`_launch` once, and again (up to RELAUNCHES times) where the trainer
+    was stopped from outside on a single machine."""
+    emit = log_line or log.info
+    for relaunch in range(RELAUNCHES + 1):
+        try:
+            return _launch(config, progress, log_line, parent_run_id, tags, nproc, rendezvous_host)
+        except StoppedFromOutside as err:
+            if relaunch == RELAUNCHES or config.runtime.nnodes > 1:
+                raise TrainingError(str(err)) from None
+            emit(f"WARNING: {err}; starting it again from its newest checkpoint "
+                 f"(relaunch {relaunch + 1} of {RELAUNCHES})")
+            time.sleep(RELAUNCH_PAUSE_S)
+    raise AssertionError("unreachable")
+
+
+def _launch(config: Config, progress: Progress | None, log_line: Callable[[str], None] | None,
+            parent_run_id: str | None, tags: dict | None, nproc: int | None,
+            rendezvous_host: bool | None) -> TrainResult:
     """`train` in a child process: `nproc` (default: `runtime.nproc_per_node`)
     workers under torchrun, or one `python -m gpt2.train`. A SIGTERM to us reaches the
     trainer, which checkpoints and stops: directly when nobody above us
@@ -111,6 +146,7 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
         tail: deque[str] = deque(maxlen=40)
         last: dict = {}
         guard = None if _orchestrated() else SigtermGuard(on_signal=lambda: proc.send_signal(signal.SIGTERM))
+        # (Under an orchestrator its SIGTERM bridge raises in this thread: the except below.)
         try:
             with guard.installed() if guard else contextlib.nullcontext():
                 for line in proc.stdout:
@@ -122,7 +158,7 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
             _stop(proc, emit)
             raise
         last = _follow(status, progress) or last
-    return _outcome(last, code, tail)
+    return _outcome(last, code, tail, signalled=bool(guard and guard.requested))
 
 
 def _follow(status: StatusFile, progress: Progress | None) -> dict | None:
@@ -134,12 +170,20 @@ def _follow(status: StatusFile, progress: Progress | None) -> dict | None:
     return events[-1] if events else None
 
 
-def _outcome(last: dict, code: int, tail: deque[str]) -> TrainResult:
+def _outcome(last: dict, code: int, tail: deque[str], signalled: bool = False) -> TrainResult:
+    """The trainer's result, or the exception that says how it ended;
+    `signalled`: the launcher itself was told to stop (and told the trainer)."""
     kind = last.get("event")
     if code == 0 and kind == "done":
         return TrainResult(**last["result"])
+    if kind == "preempted" and not signalled:
+        raise StoppedFromOutside(f"the trainer was stopped by a SIGTERM that did not come through its launcher "
+                                 f"(exit {code}): {last['message']}")
     if kind == "preempted":
         raise Preempted(f"the trainer stopped by SIGTERM (exit {code}): {last['message']}")
+    if code < 0 and kind not in ("done", "error"):
+        raise StoppedFromOutside(f"the trainer was killed by signal {-code} ({signal.Signals(-code).name}) "
+                                 "that did not come through its launcher")
     if kind == "error":
         raise TrainingError(f"the trainer exited with code {code}: {last['message']}")
     # No outcome recorded: a worker died (killed, a crash outside the trainer).

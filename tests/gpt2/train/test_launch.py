@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -131,3 +132,66 @@ def test_torchrun_does_not_outlive_a_killed_parent(tmp_path):
     # exiting, long before the end of the run (orphaned, they would train on).
     latest = store.latest_checkpoint(config)
     assert latest is not None and not latest.endswith("step_100000")
+
+
+def _trainer_pids() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True) if "gpt2.train" in " ".join(p.cmdline())}
+
+
+def _final_weights(config):
+    import safetensors.torch
+
+    from gpt2.checkpoint import catalog
+
+    latest = store.latest_checkpoint(config)
+    entry = catalog.read_marker(latest)["files"]["model.safetensors"]
+    return safetensors.torch.load(store.read_verified(latest, "model.safetensors", entry))
+
+
+@scenario  # three cold trainers (~40 s): the end-to-end tier
+def test_a_trainer_killed_from_outside_is_started_again_and_ends_as_if_never_killed(tmp_path):
+    """The kernel's OOM killer or a stray `kill` takes the trainer, not its
+    machine: the launcher starts it again from its newest checkpoint (found by
+    the fault soak: a SIGKILLed or SIGTERMed trainer failed its pipeline)."""
+    import torch
+
+    steps = {"train.max_steps": 8, "train.checkpoint_every": 2, "runtime.lease_ttl_s": 3}
+    config = tiny_config(tmp_path / "killed", **steps)
+    write_dataset(config)
+    stopped, lines = [], []
+
+    def progress(info: StepInfo) -> None:
+        if info.step == 3 and len(stopped) < 2:  # after step 2's checkpoint: SIGKILL, then SIGTERM next time
+            how = signal.SIGKILL if not stopped else signal.SIGTERM
+            for pid in _trainer_pids():
+                os.kill(pid, how)
+            stopped.append(how)
+
+    result = torchrun_train(config, progress=progress, log_line=lines.append, nproc=1)
+    assert stopped == [signal.SIGKILL, signal.SIGTERM] and result.steps == 8
+    relaunched = [line for line in lines if "starting it again from its newest checkpoint" in line]
+    assert len(relaunched) == 2 and "signal 9 (SIGKILL)" in relaunched[0] and "SIGTERM" in relaunched[1]
+
+    alone = tiny_config(tmp_path / "alone", **steps)
+    write_dataset(alone)
+    torchrun_train(alone, log_line=lambda line: None, nproc=1)
+    a, b = _final_weights(config), _final_weights(alone)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@scenario
+def test_a_trainer_killed_again_and_again_fails_naming_how(tmp_path, monkeypatch):
+    from gpt2.launch import torchrun
+
+    monkeypatch.setattr(torchrun, "RELAUNCHES", 1)
+    config = tiny_config(tmp_path, **{"train.max_steps": 8, "runtime.lease_ttl_s": 3})
+    write_dataset(config)
+
+    def progress(info: StepInfo) -> None:
+        for pid in _trainer_pids():
+            os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(TrainingError, match="killed by signal 9"):
+        torchrun_train(config, progress=progress, log_line=lambda line: None, nproc=1)
