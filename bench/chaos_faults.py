@@ -27,6 +27,7 @@ trainer's resume: that is what the soak tests.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -157,18 +158,24 @@ class DiskFiller:
 
     def fill(self) -> int:
         free = os.statvfs(self.path.parent).f_bavail * os.statvfs(self.path.parent).f_frsize
-        with open(self.path, "wb") as out:
-            try:
-                os.posix_fallocate(out.fileno(), 0, max(free - 4096, 1))
-            except OSError:
-                pass  # a filesystem without fallocate: write until it is full
-            try:
-                chunk = b"\0" * (1 << 20)
-                while True:
-                    out.write(chunk)
-                    out.flush()
-            except OSError:
-                pass
+        # Unbuffered and appended: nothing is left to flush at close, and a fill while one
+        # still holds the disk adds to it. A disk too full for the ballast itself is full as
+        # the fault wants it (the long soak stopped on that ENOSPC once).
+        try:
+            with open(self.path, "ab", buffering=0) as out:
+                try:
+                    os.posix_fallocate(out.fileno(), out.tell(), max(free - 4096, 1))
+                except OSError:
+                    pass  # a filesystem without fallocate: write until it is full
+                try:
+                    chunk = b"\0" * (1 << 20)
+                    while True:
+                        out.write(chunk)
+                except OSError:
+                    pass
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
         return free
 
     def free(self) -> None:

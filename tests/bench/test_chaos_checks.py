@@ -131,3 +131,35 @@ def test_the_soak_passes_only_when_nothing_is_lost_duplicated_or_wrong():
     assert chaos.passed(good)
     for key, value in (("lost", 1), ("duplicates", 1), ("problems", 1), ("pipelines_completed", 1)):
         assert not chaos.passed({**good, key: value}), key
+
+
+def test_the_disk_fill_fills_twice_over_and_frees(tmp_path):
+    """The long soak once stopped on an ENOSPC of its own fill: a fill on a disk
+    already full (by an earlier fill, or by the pipeline) must hold, not raise."""
+    import os
+
+    from bench.chaos_faults import DiskFiller
+    from bench.chaos_stack import mount_small, unmount
+
+    disk = tmp_path / "small"
+    if not mount_small(disk, 8):
+        pytest.skip("mounting a tmpfs is not permitted here")
+    try:
+        filler = DiskFiller(disk)
+        assert filler.fill() > 0
+        filler.fill()  # the disk is full already: adds nothing, raises nothing
+        with pytest.raises(OSError) as full:
+            (disk / "x").write_bytes(b"\0" * 65536)
+        assert full.value.errno == 28
+        filler.free()
+        (disk / "x").write_bytes(b"\0" * 65536)
+        assert os.statvfs(disk).f_bavail > 0
+
+        # Full by the pipeline's own files when the fault comes: the same (the soak raised ENOSPC here).
+        with open(disk / "pipeline-output", "wb", buffering=0) as out, pytest.raises(OSError):
+            while True:
+                out.write(b"\0" * 65536)
+        filler.fill()
+        filler.free()
+    finally:
+        unmount(disk)
