@@ -450,6 +450,8 @@ def status(state_dir: Path) -> dict[str, Any]:
             part = parts[f"worker-{pool}"]
             part["pool"], part["pool_status"] = pool, pools.get(pool)
             part["healthy"] = part["alive"] and part["pool_status"] == "READY"
+    for part in parts.values():  # a part with nothing to ask (the rescheduler) is healthy while it runs
+        part.setdefault("healthy", part["alive"])
     expected = {"server", "mlflow", *(f"worker-{p}" for p in watched)}
     healthy = expected <= set(parts) and all(p["alive"] and p.get("healthy", True) for p in parts.values())
     keys = ("prefect_api_url", "prefect_ui_url", "mlflow_url", "root", "state_dir", "profile", "automations")
