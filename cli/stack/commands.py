@@ -157,7 +157,7 @@ def down(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> No
 
 
 def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> None:
-    """Health of the server, MLflow and each worker; exit 1 unless all are healthy."""
+    """Health of the server, MLflow, each worker and the rescheduler; exit 1 unless all are healthy."""
     from cli.stack import services
 
     result = services.status(_state_dir(state_dir))
