@@ -126,10 +126,26 @@ def check_mlflow(findings: Findings, client, experiment: str, parent_flow_runs: 
 
 
 def check_bill(findings: Findings, run_dir: str, trainers_seen: int) -> None:
-    folder = storage.join(run_dir, "attempts")
-    attempts = [n for n in storage.list_dir(folder) if n.endswith(".json")] if storage.exists(folder) else []
-    if len(attempts) != trainers_seen:
-        findings.problems.append(("bill", f"{len(attempts)} attempt record(s) for {trainers_seen} trainer "
+    """The bill counts what trained: one attempt record for every generation
+    of the run's lease (a trainer records its attempt once it holds the lease),
+    none twice, and no more records than trainer processes ran. A trainer
+    killed before it took the lease (one waiting for a killed predecessor's
+    lease to go stale) trained nothing, and rightly has no record."""
+    from gpt2.checkpoint.lease import Lease
+    from gpt2.layout import lease_dir
+    from gpt2.train.attempts import read_attempts
+
+    records = read_attempts(run_dir) if storage.exists(storage.join(run_dir, "attempts")) else []
+    generations = Lease(lease_dir(run_dir), ttl_s=120.0).generations() if storage.exists(lease_dir(run_dir)) else []
+    billed = Counter(r.get("lease_generation") for r in records)
+    unbilled = [g for g in generations if not billed[g]]
+    twice = sorted(g for g, n in billed.items() if n > 1)
+    if unbilled:
+        findings.problems.append(("bill", f"lease generation(s) {unbilled} trained with no attempt record"))
+    if twice:
+        findings.problems.append(("bill", f"lease generation(s) {twice} billed more than once"))
+    if len(records) > trainers_seen:
+        findings.problems.append(("bill", f"{len(records)} attempt record(s) for {trainers_seen} trainer "
                                           f"process(es) seen"))
 
 

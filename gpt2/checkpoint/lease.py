@@ -99,7 +99,8 @@ class Lease:
 
     # --- taking it ---------------------------------------------------------
 
-    def _generations(self) -> list[int]:
+    def generations(self) -> list[int]:
+        """Every generation taken so far, oldest first (one per trainer that held the run)."""
         return sorted(int(n[:-5]) for n in storage.list_dir(self.directory) if n.endswith(".json") and n[:-5].isdigit())
 
     def _url(self, generation: int) -> str:
@@ -111,7 +112,7 @@ class Lease:
 
     def current(self) -> tuple[int, dict | None]:
         """The newest generation and its record (None: no lease, or a torn one)."""
-        gens = self._generations()
+        gens = self.generations()
         if not gens:
             return 0, None
         return gens[-1], storage.read_record(self._url(gens[-1]))
@@ -188,7 +189,7 @@ class Lease:
         """Fencing: raise LeaseLost unless this is still the newest generation."""
         if self.lost:
             raise LeaseLost(self._lost_message())
-        gens = self._generations()
+        gens = self.generations()
         if gens and gens[-1] != self.generation:
             self.lost = True
             raise LeaseLost(self._lost_message())

@@ -5,6 +5,7 @@ quiet on a clean run; the soak's options refuse an unknown fault by name."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections import Counter
 
 import pytest
@@ -87,10 +88,23 @@ def test_a_live_lease_temp_files_and_extra_attempts_are_problems(tmp_path):
     lease.release()
     chaos_checks.check_lease(found, run_dir)  # released: nothing more
     (tmp_path / "run" / "attempts").mkdir(parents=True)
-    for n in (1, 2):
-        (tmp_path / "run" / "attempts" / f"{n:06d}.json").write_text("{}")
-    chaos_checks.check_bill(found, run_dir, trainers_seen=1)
-    chaos_checks.check_bill(found, run_dir, trainers_seen=2)  # matches: nothing more
+    (tmp_path / "run" / "attempts" / "000001.json").write_text(json.dumps({"lease_generation": lease.generation}))
+    bill = chaos_checks.Findings()
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=1)  # one generation, one record: nothing
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=3)  # a trainer killed before the lease: nothing
+    assert bill.problems == []
+    again = Lease(f"{run_dir}/lease", ttl_s=60.0)
+    assert again.try_acquire() is None  # a second trainer held the run ...
+    again.release()
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=2)  # ... and went unbilled
+    (tmp_path / "run" / "attempts" / "000002.json").write_text(json.dumps({"lease_generation": lease.generation}))
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=1)  # billed twice, and more records than trainers
+    assert [why for _, why in bill.problems] == [
+        f"lease generation(s) [{again.generation}] trained with no attempt record",
+        f"lease generation(s) [{again.generation}] trained with no attempt record",
+        f"lease generation(s) [{lease.generation}] billed more than once",
+        "2 attempt record(s) for 1 trainer process(es) seen"]
+    found.problems.append(bill.problems[0])
     (tmp_path / "run" / ".state.json.tmp-0a1b2c3d").write_text("")
     chaos_checks.check_temp_files(found, tmp_path)
     assert [w for w, _ in found.problems] == ["lease", "bill", "temporary files"]
