@@ -59,6 +59,16 @@ def fault_plan(script: list[tuple[str, float, float | None]], rng: random.Random
     return [(None, at, None) for at in sorted(rng.uniform(*window_s) for _ in range(n))]
 
 
+def _watch(stack: Stack, parent: str, deadline: float, mark: str, trainers_seen: set[int]) -> None:
+    """Follow the run to a final state, adding every trainer process seen meanwhile."""
+    while time.monotonic() < deadline:
+        trainers_seen |= {p.pid for p in chaos_faults.trainers(mark)}
+        run = stack.read(parent)
+        if run is not None and run.state.is_final():
+            return
+        time.sleep(0.5)
+
+
 def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
                  reference: str, faults_left: int, script: list[tuple[str, float, float | None]]) -> dict[str, Any]:
     """One pipeline under faults, then its checks."""
@@ -94,12 +104,7 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
         fault = injector.inject(i, disk, kind, lasting)
         if fault is not None:
             faults.append(fault)
-    while time.monotonic() < deadline:  # the rest of the run, trainers counted
-        trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
-        run = stack.read(parent)
-        if run is not None and run.state.is_final():
-            break
-        time.sleep(0.5)
+    _watch(stack, parent, deadline, injector.mark, trainers_seen)
     injector.settle()
     run = stack.final(parent, max(deadline - time.monotonic(), 60))
     reruns, outcome = 0, {"parent": parent}
@@ -110,6 +115,7 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
              f"the disk); rerunning it")
         reruns, parent = 1, stack.start_pipeline(params)
         outcome["rerun"] = parent
+        _watch(stack, parent, time.monotonic() + opts.timeout_s, injector.mark, trainers_seen)  # its trainers count too
         run = stack.final(parent, opts.timeout_s)
         if not named:
             outcome.setdefault("problems", []).append(["error", f"the failure did not name the disk: "
