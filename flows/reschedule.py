@@ -14,9 +14,10 @@ was busy, stayed Crashed for good.
 
 The backstops are level-triggered instead: they look at runs' states, not
 at events. The parent flow puts back a stage run of its own
-(flows.stages._settled); the local stack's rescheduler (`python -m
-flows.reschedule`, a part of `gpt2 stack up`) sweeps every Crashed
-preemptible run, the pipeline's parent included. Both act only where the
+(flows.stages._settled); the local stack's rescheduler
+(cli.stack.rescheduler, a part of `gpt2 stack up`; `python -m
+flows.reschedule` beside the workers of a server of your own) sweeps every
+Crashed preemptible run, the pipeline's parent included. Both act only where the
 automation is enabled on the server and matches the run (its `preemptible`
 tag, a run count within its list), and only after a grace far longer than
 the automation's own 20 s wait, so where the automation works they never
@@ -103,16 +104,18 @@ def sweep(client: Any, grace_s: float = GRACE_S, now: datetime | None = None,
     return done
 
 
-def run_forever(grace_s: float, every_s: float, stop: threading.Event, say: Callable[[str], None]) -> None:
-    """Sweep every `every_s` until `stop`; a server that is away is waited for
-    (said once per outage), as the workers wait for it."""
+def run_forever(sweeps: list[Callable[[Any], Any]], every_s: float, stop: threading.Event,
+                say: Callable[[str], None]) -> None:
+    """Run each sweep (given a client) every `every_s` until `stop`; a server
+    that is away is waited for (said once per outage), as the workers wait for it."""
     from prefect.client.orchestration import get_client
 
     away = False
     while not stop.is_set():
         try:
             with get_client(sync_client=True) as client:
-                sweep(client, grace_s, say=say)
+                for one in sweeps:
+                    one(client)
             if away:
                 say("the Prefect server answers again")
             away = False
@@ -123,23 +126,28 @@ def run_forever(grace_s: float, every_s: float, stop: threading.Event, say: Call
         stop.wait(every_s)
 
 
+def say(message: str) -> None:
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} {message}", flush=True)
+
+
+def serve(name: str, sweeps: list[Callable[[Any], Any]], every_s: float) -> None:
+    """A process that sweeps until SIGTERM or Ctrl-C."""
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    run_forever(sweeps, every_s, stop, say)
+    say(f"{name}: stopped")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m flows.reschedule", description=(
         "Put back crashed preemptible flow runs that gpt2-reschedule-preempted missed, as it would have."))
     p.add_argument("--grace-s", type=float, default=GRACE_S, help="how long a run must have stayed Crashed")
     p.add_argument("--every-s", type=float, default=SWEEP_EVERY_S, help="how often to look")
     args = p.parse_args(argv)
-    logging.getLogger("prefect").setLevel(logging.WARNING)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    def say(message: str) -> None:
-        print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} {message}", flush=True)
-
     say(f"rescheduler: every {args.every_s:.0f} s, runs Crashed over {args.grace_s:.0f} s")
-    run_forever(args.grace_s, args.every_s, stop, say)
-    say("rescheduler: stopped")
+    serve("rescheduler", [lambda client: sweep(client, args.grace_s, say=say)], args.every_s)
     sys.exit(0)
 
 

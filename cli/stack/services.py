@@ -225,10 +225,11 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], 
 
 
 def _start_rescheduler(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str) -> None:
-    """The backstop for the reschedule automation (flows.reschedule): puts back
-    a crashed preemptible run the automation missed, the pipeline's parent too."""
+    """The stack's controller (cli.stack.rescheduler): puts back a crashed
+    preemptible run the reschedule automation missed, the pipeline's parent
+    too, and hands a run stranded in Pending by a dead worker back to its pool."""
     state["processes"].append(processes.start(
-        "rescheduler", [sys.executable, "-m", "flows.reschedule"],
+        "rescheduler", [sys.executable, "-m", "cli.stack.rescheduler", "--state-dir", str(state_dir)],
         {**env, **prefect_setup.client_env(state["prefect_api_url"], auth)}, deployment_file.PROJECT_DIR,
         state_dir / "logs"))
 
