@@ -57,7 +57,13 @@ launcher too, and its stop (the orchestrator's SIGTERM bridge) lands here first.
 
 
 class StoppedFromOutside(TrainingError):
-    """The trainer ended by a signal that did not come through the launcher."""
+    """The trainer ended by a signal that did not come through the launcher;
+    `then`: what the launch raises where it starts no other (Preempted for a
+    SIGTERM, as before relaunches existed: multi-node, or past RELAUNCHES)."""
+
+    def __init__(self, message: str, then: TrainingError):
+        super().__init__(message)
+        self.then = then
 
 
 def torchrun_command(config_path: Path, status_path: Path, nproc: int, parent_run_id: str | None,
@@ -113,7 +119,7 @@ def torchrun_train(config: Config, progress: Progress | None = None, log_line: C
             return _launch(config, progress, log_line, parent_run_id, tags, nproc, rendezvous_host)
         except StoppedFromOutside as err:
             if relaunch == RELAUNCHES or config.runtime.nnodes > 1:
-                raise TrainingError(str(err)) from None
+                raise err.then from None
             emit(f"WARNING: {err}; starting it again from its newest checkpoint "
                  f"(relaunch {relaunch + 1} of {RELAUNCHES})")
             time.sleep(RELAUNCH_PAUSE_S)
@@ -176,14 +182,16 @@ def _outcome(last: dict, code: int, tail: deque[str], signalled: bool = False) -
     kind = last.get("event")
     if code == 0 and kind == "done":
         return TrainResult(**last["result"])
-    if kind == "preempted" and not signalled:
-        raise StoppedFromOutside(f"the trainer was stopped by a SIGTERM that did not come through its launcher "
-                                 f"(exit {code}): {last['message']}")
     if kind == "preempted":
-        raise Preempted(f"the trainer stopped by SIGTERM (exit {code}): {last['message']}")
+        preempted = Preempted(f"the trainer stopped by SIGTERM (exit {code}): {last['message']}")
+        if signalled:
+            raise preempted
+        raise StoppedFromOutside(f"the trainer was stopped by a SIGTERM that did not come through its launcher "
+                                 f"(exit {code}): {last['message']}", preempted)
     if code < 0 and kind not in ("done", "error"):
-        raise StoppedFromOutside(f"the trainer was killed by signal {-code} ({signal.Signals(-code).name}) "
-                                 "that did not come through its launcher")
+        killed = TrainingError(f"the trainer was killed by signal {-code} ({signal.Signals(-code).name}) "
+                               "that did not come through its launcher")
+        raise StoppedFromOutside(str(killed), killed)
     if kind == "error":
         raise TrainingError(f"the trainer exited with code {code}: {last['message']}")
     # No outcome recorded: a worker died (killed, a crash outside the trainer).
