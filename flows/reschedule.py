@@ -69,14 +69,19 @@ def crashed_for_s(run: FlowRun, now: datetime) -> float:
     return (now - run.state.timestamp).total_seconds()
 
 
-def put_back(client: Any, run: FlowRun, by: str, grace_s: float) -> tuple[bool, str]:
-    """Set the run AwaitingRetry, as the automation does; (done, why not)."""
-    answer = client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry", message=(
-        f"Rescheduled by {by}: still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} "
-        "did not act on; resumes from its newest checkpoint.")))
-    if answer.status != SetStateStatus.ACCEPT:  # it moved meanwhile, or the server refuses (its reason)
+def propose(client: Any, run: FlowRun, state: Any) -> tuple[bool, str]:
+    """Propose `state` for the run; (accepted, why not): it moved meanwhile, or the server refuses."""
+    answer = client.set_flow_run_state(run.id, state)
+    if answer.status != SetStateStatus.ACCEPT:
         return False, str(getattr(answer.details, "reason", None) or answer.status)
     return True, ""
+
+
+def put_back(client: Any, run: FlowRun, by: str, grace_s: float) -> tuple[bool, str]:
+    """Set the run AwaitingRetry, as the automation does; (done, why not)."""
+    return propose(client, run, Scheduled(name="AwaitingRetry", message=(
+        f"Rescheduled by {by}: still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} "
+        "did not act on; resumes from its newest checkpoint.")))
 
 
 def sweep(client: Any, grace_s: float = GRACE_S, now: datetime | None = None,

@@ -24,7 +24,6 @@ from typing import Any, Callable
 
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
 from prefect.client.schemas.objects import FlowRun, StateType
-from prefect.client.schemas.responses import SetStateStatus
 from prefect.states import Scheduled
 
 from cli.stack import services
@@ -56,14 +55,14 @@ def hand_back(client: Any, started: dict[str, datetime], say: Callable[[str], No
     for run in pending:
         if not stranded(run, started):
             continue
-        answer = client.set_flow_run_state(run.id, Scheduled(message=(
+        ok, why = reschedule.propose(client, run, Scheduled(message=(
             "Handed back by the stack's rescheduler: the worker that took it stopped before the run started.")))
-        if answer.status == SetStateStatus.ACCEPT:
+        if ok:
             done.append(run.name)
             say(f"flow run {run.name} ({run.id}) was Pending since {run.state.timestamp:%H:%M:%S}, before pool "
                 f"{run.work_pool_name}'s worker started: handed it back to the pool")
         else:
-            say(f"flow run {run.name} could not be handed back: {getattr(answer.details, 'reason', answer.status)}")
+            say(f"flow run {run.name} could not be handed back: {why}")
     return done
 
 
