@@ -191,3 +191,34 @@ def test_a_proxy_that_dies_before_asking_leaves_the_server_serving(warm_python, 
     child = int(proc.stdout.readline())
     assert proc.wait(timeout=60) == 0
     assert child != proc.pid  # served by the warm server (a fresh fallback would run in the proxy itself)
+
+
+def test_the_worker_that_started_the_shared_servers_stops_them_only_once_no_live_worker_uses_them(tmp_path):
+    """Under pytest-xdist the first worker starts the servers every worker
+    uses, and they die with it. It used to wait at most 900 s for the others:
+    a worker whose module of multi-rank runs came later than that in a long
+    end-to-end session had both ranks SIGKILLed under it. It now waits as long
+    as another worker lives; a token whose pid now names another process, or
+    a worker ended but not yet reaped, is not waited for."""
+    import threading
+
+    from tests.warm_python import WarmPython, _started
+
+    users = tmp_path / "users"
+    users.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ended = subprocess.Popen(["true"])  # left unreaped: a zombie until the end of the test
+    while psutil.Process(ended.pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.01)
+    (users / str(other.pid)).write_text(_started(other.pid))
+    (users / str(os.getpid())).write_text("0")  # a pid the system gave to another process since
+    (users / "1").write_text("0")
+    with open(f"/proc/{ended.pid}/stat") as f:  # its true start time: only its state says it ended
+        (users / str(ended.pid)).write_text(f.read().rsplit(")", 1)[1].split()[19])
+    threading.Timer(2.0, other.kill).start()
+    started = time.monotonic()
+    WarmPython._wait_for_users(users)
+    waited = time.monotonic() - started
+    assert other.poll() is not None, f"returned after {waited:.1f} s while the other worker still ran"
+    assert list(users.iterdir()) == []
+    ended.wait()

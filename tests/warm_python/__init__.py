@@ -90,7 +90,9 @@ class WarmPython:
                 warm = cls(directory, servers=servers)
             (directory / "users").mkdir(exist_ok=True)
             warm.token = directory / "users" / str(os.getpid())
-            warm.token.touch()
+            written = directory / f"token-{os.getpid()}.tmp"  # whole when a stopping worker reads it
+            written.write_text(_started(os.getpid()))
+            os.replace(written, warm.token)
         return warm
 
     def stop(self) -> None:
@@ -111,22 +113,42 @@ class WarmPython:
 
 
     @staticmethod
-    def _wait_for_users(users: Path, timeout: float = 900) -> None:
-        """Until every other worker let go of the servers (or ended without saying so)."""
+    def _wait_for_users(users: Path) -> None:
+        """Until every other worker let go of the servers or ended without
+        saying so. No time limit: the servers die with this worker, so
+        stopping them under a live one SIGKILLs its running processes (a
+        module of multi-rank runs that came late in a long session did fail
+        so, after a 900 s limit); a worker that hangs hangs the session anyway.
+        A token names its worker by pid and start time, so a pid the system
+        gave to another process since is not waited for."""
         import time
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             alive = []
             for token in users.iterdir():
                 try:
-                    os.kill(int(token.name), 0)
+                    if token.read_text() != _started(int(token.name)):
+                        raise ProcessLookupError
                     alive.append(token)
-                except (ProcessLookupError, ValueError):
+                except (ProcessLookupError, ValueError, FileNotFoundError):
                     token.unlink(missing_ok=True)
             if not alive:
                 return
             time.sleep(0.2)
+
+
+def _started(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd
+    field): with the pid, names one process for good. ProcessLookupError if
+    none runs (a zombie, ended but not yet reaped by its parent, runs no more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    if fields[0] in ("Z", "X"):
+        raise ProcessLookupError(pid)
+    return fields[19]
 
 
 def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
@@ -138,7 +160,7 @@ def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
     record = Path(sys.executable).parent / "children" / str(proc.pid)
     if not (Path(sys.executable).parent / "warm.json").exists():
         return proc.pid
-    with open(f"/proc/{proc.pid}/stat") as f:
+    with open(f"/proc/{proc.pid}/stat") as f:  # (a proxy that has ended unreaped still has its start time)
         started = f.read().rsplit(")", 1)[1].split()[19]
     deadline = time.monotonic() + timeout
     while True:
