@@ -106,12 +106,14 @@ class Stack:
         except Exception:  # noqa: BLE001 - a server being restarted by the supervisor
             return None
 
-    def final(self, run_id: str, timeout: float, crash_grace_s: float = 17 * 60):
+    def final(self, run_id: str, timeout: float, crash_grace_s: float = 5 * 60):
         """The run once final; None if it is not final in time. A Crashed one
         gets `crash_grace_s` to be rescheduled first: the automation acts
-        after 20 s, but in the 15 minutes after a Prefect server restart it
-        can act only once the server's event ordering gives up waiting for an
-        event from before the restart (flows.stages.reschedule_in_its_place)."""
+        after 20 s, and where it misses a run (a server restart, a server too
+        busy to act) the stack's rescheduler puts it back after 120 s, looking
+        every 15 s (cli.stack.rescheduler). Five minutes covers both with room,
+        and a pipeline truly left Crashed shows as one sooner than the 17
+        minutes this waited before the rescheduler existed."""
         deadline = time.monotonic() + timeout
         crashed_at = None
         while time.monotonic() < deadline:

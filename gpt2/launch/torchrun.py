@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,11 +193,47 @@ def _outcome(last: dict, code: int, tail: deque[str], signalled: bool = False) -
         killed = TrainingError(f"the trainer was killed by signal {-code} ({signal.Signals(-code).name}) "
                                "that did not come through its launcher")
         raise StoppedFromOutside(str(killed), killed)
+    root = _root_cause_signal(tail) if code > 0 and not signalled else None
+    if root is not None:
+        # Several ranks under torchrun: one killed (an OOM kill takes the
+        # largest process, one rank), torchrun stops the rest and exits 1; the
+        # others may record an error of their own (a peer gone mid-collective).
+        killed = TrainingError(f"rank {root[1]} of the trainer was killed by signal {root[0]} "
+                               f"({_signal_name(root[0])}) that did not come through its launcher")
+        raise StoppedFromOutside(str(killed), killed)
     if kind == "error":
         raise TrainingError(f"the trainer exited with code {code}: {last['message']}")
     # No outcome recorded: a worker died (killed, a crash outside the trainer).
     errors = [line for line in tail if "ERROR" in line or "Error" in line] or list(tail)[-10:]
     raise TrainingError(f"the trainer exited with code {code}:\n" + "\n".join(errors[-10:]))
+
+
+_ROOT_CAUSE = re.compile(r"^\s*Root Cause \(first observed failure\):")
+_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)")
+
+
+def _root_cause_signal(tail: deque[str] | list[str]) -> tuple[int, int] | None:
+    """(signal, rank) where torchrun's failure summary (torch.distributed.elastic's
+    ChildFailedError, printed last as it exits) names as the root cause a rank
+    that a signal ended (`exitcode  : -9 (pid: N)  (SIGKILL)`); None otherwise."""
+    lines = list(tail)
+    starts = [i for i, line in enumerate(lines) if _ROOT_CAUSE.match(line)]
+    if not starts:
+        return None
+    fields: dict[str, int] = {}
+    for line in lines[starts[-1] + 1:]:
+        match = _FIELD.match(line)
+        if match:
+            fields.setdefault(match.group(1), int(match.group(2)))
+    code = fields.get("exitcode")
+    return (-code, fields.get("rank", 0)) if code is not None and code < 0 else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def expected_save_warning(config: Config, nproc: int) -> str | None:

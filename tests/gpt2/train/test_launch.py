@@ -195,3 +195,87 @@ def test_a_trainer_killed_again_and_again_fails_naming_how(tmp_path, monkeypatch
 
     with pytest.raises(TrainingError, match="killed by signal 9"):
         torchrun_train(config, progress=progress, log_line=lambda line: None, nproc=1)
+
+
+# torchrun's own summary as it exits 1 (torch.distributed.elastic's ChildFailedError), as printed in a run.
+SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+=====================================================
+gpt2.train FAILED
+-----------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-27_15:36:30
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : {other} (pid: 2836)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+-----------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_15:36:30
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : {root} (pid: 2835)
+  error_file: <N/A>
+  traceback : {traceback}
+====================================================="""
+
+
+@pytest.mark.parametrize("root, other, killed", [("-9", "1", True), ("1", "-9", False), ("1", "1", False)])
+def test_a_rank_killed_by_a_signal_is_read_from_torchruns_root_cause(root, other, killed):
+    """Several ranks: torchrun exits 1 whatever ended them; only its root
+    cause (the first rank to fail) says a signal from outside did (the others
+    then fail of its absence, and may record errors of their own)."""
+    from gpt2.launch.torchrun import StoppedFromOutside, _outcome
+
+    traceback = "Signal 9 (SIGKILL) received by PID 2835" if root == "-9" else "RuntimeError: boom"
+    tail = ["starting", *SUMMARY.format(root=root, other=other, traceback=traceback).splitlines()]
+    last = {"event": "error", "message": "Connection closed by peer"}  # a survivor's own report
+    with pytest.raises(TrainingError) as raised:
+        _outcome(last, 1, tail)
+    if killed:
+        assert isinstance(raised.value, StoppedFromOutside)
+        assert str(raised.value) == ("rank 0 of the trainer was killed by signal 9 (SIGKILL) "
+                                     "that did not come through its launcher")
+    else:
+        assert not isinstance(raised.value, StoppedFromOutside)
+        assert "Connection closed by peer" in str(raised.value)
+    with pytest.raises(Preempted):  # the launcher's own SIGTERM: the rank's death is its doing
+        _outcome({"event": "preempted", "message": "checkpointed"}, 1, tail, signalled=True)
+
+
+@scenario  # two gloo ranks under torchrun, four launches (~60 s): the end-to-end tier
+def test_one_rank_of_several_killed_from_outside_is_started_again_and_ends_as_if_never_killed(tmp_path):
+    """The OOM killer takes one rank of a machine's several: torchrun stops
+    the others and exits 1; the launcher reads its root cause and starts the
+    group again from the newest checkpoint."""
+    import torch
+
+    steps = {"train.max_steps": 8, "train.checkpoint_every": 2, "runtime.lease_ttl_s": 3}
+    config = _two_processes(tmp_path / "killed", **steps)
+    killed, lines = [], []
+
+    def progress(info: StepInfo) -> None:
+        if info.step == 3 and not killed:  # after step 2's checkpoint: rank 0, whose outcome nobody then writes
+            [rank0] = [pid for pid in _trainer_pids() if _rank_of(pid) == "0"]
+            os.kill(rank0, signal.SIGKILL)
+            killed.append(rank0)
+
+    result = torchrun_train(config, progress=progress, log_line=lines.append)
+    assert len(killed) == 1 and result.steps == 8 and result.world_size == 2
+    relaunched = [line for line in lines if "starting it again from its newest checkpoint" in line]
+    assert len(relaunched) == 1 and "rank 0 of the trainer was killed by signal 9 (SIGKILL)" in relaunched[0]
+
+    alone = _two_processes(tmp_path / "alone", **steps)
+    torchrun_train(alone, log_line=lambda line: None)
+    a, b = _final_weights(config), _final_weights(alone)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _rank_of(pid: int) -> str | None:
+    """A rank's number (torchrun's own process has none)."""
+    import psutil
+
+    return psutil.Process(pid).environ().get("RANK")
