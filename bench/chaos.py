@@ -133,7 +133,7 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     client = MlflowClient(stack.info["mlflow_url"])
     flow_runs = list(dict.fromkeys([outcome["parent"], parent]))  # the pipeline, then its rerun
     chaos_checks.check_mlflow(findings, client, config.tracking.experiment, flow_runs, STAGES, config.train.max_steps)
-    chaos_checks.check_bill(findings, layout.run_dir(config), len(trainers_seen))
+    chaos_checks.check_bill(findings, layout.run_dir(config), len(trainers_seen), config.train.max_steps)
     chaos_checks.check_lease(findings, layout.run_dir(config))
     chaos_checks.check_temp_files(findings, place / "root")
     if small:

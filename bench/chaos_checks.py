@@ -125,12 +125,15 @@ def check_mlflow(findings: Findings, client, experiment: str, parent_flow_runs: 
         check_metrics(findings, metric_steps(client, train[0].info.run_id), max_steps)
 
 
-def check_bill(findings: Findings, run_dir: str, trainers_seen: int) -> None:
+def check_bill(findings: Findings, run_dir: str, trainers_seen: int, max_steps: int) -> None:
     """The bill counts what trained: one attempt record for every generation
     of the run's lease (a trainer records its attempt once it holds the lease),
-    none twice, and no more records than trainer processes ran. A trainer
-    killed before it took the lease (one waiting for a killed predecessor's
-    lease to go stale) trained nothing, and rightly has no record."""
+    none twice, and no more records than trainer processes ran. Two kinds of
+    trainer train nothing and rightly have no record: one killed before it
+    took the lease (waiting for a killed predecessor's lease to go stale), and
+    one that took it after an attempt had reached `max_steps` (its flow run
+    killed after training, rescheduled: the trainer resumes at the last step
+    and withdraws its record, gpt2.train.attempts.Attempt.resumed)."""
     from gpt2.checkpoint.lease import Lease
     from gpt2.layout import lease_dir
     from gpt2.train.attempts import read_attempts
@@ -138,7 +141,9 @@ def check_bill(findings: Findings, run_dir: str, trainers_seen: int) -> None:
     records = read_attempts(run_dir) if storage.exists(storage.join(run_dir, "attempts")) else []
     generations = Lease(lease_dir(run_dir), ttl_s=120.0).generations() if storage.exists(lease_dir(run_dir)) else []
     billed = Counter(r.get("lease_generation") for r in records)
-    unbilled = [g for g in generations if not billed[g]]
+    finished = [r["lease_generation"] for r in records
+                if (r.get("step") or 0) >= max_steps and isinstance(r.get("lease_generation"), int)]
+    unbilled = [g for g in generations if not billed[g] and not (finished and g > min(finished))]
     twice = sorted(g for g, n in billed.items() if n > 1)
     if unbilled:
         findings.problems.append(("bill", f"lease generation(s) {unbilled} trained with no attempt record"))

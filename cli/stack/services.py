@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cli.stack import prefect_setup, processes
+from cli.stack import prefect_setup, processes, server_logging
 from flows import deployment_file
 
 STATE_FILE = "stack.json"
@@ -138,6 +138,9 @@ which is not imported here: it imports Prefect's server, seconds of a `gpt2` com
 
 
 def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> dict[str, str]:
+    logging_setup = server_logging.write(state_dir)  # the automations' triggers say what they do
+    if logging_setup is not None:
+        env = {**env, "PREFECT_LOGGING_SETTINGS_PATH": str(logging_setup)}
     return {**env, "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{state_dir / 'prefect.db'}",
             # SQLite serializes writers; on a busy machine the default 10 s wait
             # loses event messages (and with them automation firings).

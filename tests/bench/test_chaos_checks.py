@@ -90,15 +90,15 @@ def test_a_live_lease_temp_files_and_extra_attempts_are_problems(tmp_path):
     (tmp_path / "run" / "attempts").mkdir(parents=True)
     (tmp_path / "run" / "attempts" / "000001.json").write_text(json.dumps({"lease_generation": lease.generation}))
     bill = chaos_checks.Findings()
-    chaos_checks.check_bill(bill, run_dir, trainers_seen=1)  # one generation, one record: nothing
-    chaos_checks.check_bill(bill, run_dir, trainers_seen=3)  # a trainer killed before the lease: nothing
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=1, max_steps=8)  # one generation, one record: nothing
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=3, max_steps=8)  # a trainer killed before the lease: nothing
     assert bill.problems == []
     again = Lease(f"{run_dir}/lease", ttl_s=60.0)
     assert again.try_acquire() is None  # a second trainer held the run ...
     again.release()
-    chaos_checks.check_bill(bill, run_dir, trainers_seen=2)  # ... and went unbilled
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=2, max_steps=8)  # ... and went unbilled
     (tmp_path / "run" / "attempts" / "000002.json").write_text(json.dumps({"lease_generation": lease.generation}))
-    chaos_checks.check_bill(bill, run_dir, trainers_seen=1)  # billed twice, and more records than trainers
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=1, max_steps=8)  # billed twice, and more records than trainers
     assert [why for _, why in bill.problems] == [
         f"lease generation(s) [{again.generation}] trained with no attempt record",
         f"lease generation(s) [{again.generation}] trained with no attempt record",
@@ -109,6 +109,32 @@ def test_a_live_lease_temp_files_and_extra_attempts_are_problems(tmp_path):
     chaos_checks.check_temp_files(found, tmp_path)
     assert [w for w, _ in found.problems] == ["lease", "bill", "temporary files"]
     assert found.lost == found.duplicates == []
+
+
+def test_a_trainer_that_took_the_lease_after_the_run_reached_its_last_step_needs_no_record(tmp_path):
+    """Found by the long soak: a training flow run killed after its trainer
+    finished is rescheduled, and its new trainer takes the lease, resumes at
+    the last step, trains nothing and withdraws its attempt record. A
+    generation without a record before that one still is a problem."""
+    run_dir = f"file://{tmp_path / 'run'}"
+    generations = []
+    for _ in range(4):
+        lease = Lease(f"{run_dir}/lease", ttl_s=60.0)
+        assert lease.try_acquire() is None
+        lease.release()
+        generations.append(lease.generation)
+    first, skipped, finished, after = generations
+    (tmp_path / "run" / "attempts").mkdir(parents=True)
+    for number, generation, step in ((1, first, 4), (2, finished, 8)):
+        (tmp_path / "run" / "attempts" / f"{number:06d}.json").write_text(
+            json.dumps({"attempt": number, "lease_generation": generation, "step": step, "end": "done"}))
+    bill = chaos_checks.Findings()
+    chaos_checks.check_bill(bill, run_dir, trainers_seen=4, max_steps=8)
+    assert [why for _, why in bill.problems] == [f"lease generation(s) [{skipped}] trained with no attempt record"]
+    short = chaos_checks.Findings()  # had the run not reached its last step, the one after would have trained
+    chaos_checks.check_bill(short, run_dir, trainers_seen=4, max_steps=9)
+    assert [why for _, why in short.problems] == [
+        f"lease generation(s) [{skipped}, {after}] trained with no attempt record"]
 
 
 def test_left_running_waits_then_reports():

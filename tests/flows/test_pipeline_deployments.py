@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,10 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
 
     train, history = pipeline_completed(stack, parent_id, train.id, "after a killed training run")
     assert train.run_count == 2 and "Crashed" in history and "AwaitingRetry" in history, history
+    # The server's log says which trigger took up the crash (cli.stack.server_logging).
+    server_log = (Path(stack["state_dir"]) / "logs" / "server.log").read_text()
+    assert any("covers event 'prefect.flow-run.Crashed'" in line and str(train.id) in line
+               for line in server_log.splitlines()), server_log[-3000:]
     from gpt2 import storage
 
     result = storage.read_json(results_url(config, str(train.id)))
