@@ -29,8 +29,13 @@ from prefect.states import Scheduled
 from cli.stack import services
 from flows import reschedule
 
-STRANDED_GRACE_S = 30.0
-"""A Pending run this much older than its pool's worker (a clock's slack)."""
+STRANDED_GRACE_S = 2.0
+"""A Pending run this much older than its pool's worker process. A worker
+takes runs only seconds after its process starts (its imports), and the stack's
+server and workers share one clock, so a run Pending since before that start
+was taken by a worker that is gone; this margin is only the clocks' rounding.
+(It was 30 s: a worker SIGTERMed while it submitted a run and restarted 8 s
+later left that run Pending for good, found by the long fault soak.)"""
 
 
 def workers_started(state_dir: Path) -> dict[str, datetime]:

@@ -8,6 +8,7 @@ timeout."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -67,3 +68,22 @@ def test_a_pool_without_a_worker_of_the_stack_is_left_alone(pool_runs):
     later = datetime.now(timezone.utc) + timedelta(minutes=5)
     assert run.name not in rescheduler.hand_back(client, {"another-pool": later}, lambda _: None)
     assert client.read_flow_run(run.id).state.is_pending()
+
+
+def test_a_worker_restarted_seconds_after_it_died_submitting_still_strands_its_run():
+    """Found by the long soak: the gpu worker SIGTERMed while it submitted the
+    training run, the platform brought it back 8 s later; the run sat Pending
+    for good under a 30 s margin. A run that went Pending after the worker
+    started is that worker's own, and is left."""
+    from prefect.client.schemas.objects import FlowRun
+
+    pool, restarted = "gpu", datetime.now(timezone.utc)
+
+    def pending_at(seconds: float) -> FlowRun:
+        run = FlowRun(flow_id=uuid.uuid4(), work_pool_name=pool, state=Pending())
+        run.state.timestamp = restarted + timedelta(seconds=seconds)
+        return run
+
+    assert rescheduler.stranded(pending_at(-8), {pool: restarted})
+    assert not rescheduler.stranded(pending_at(1), {pool: restarted})
+    assert not rescheduler.stranded(pending_at(-8), {"cpu": restarted})  # another pool's worker says nothing
