@@ -141,9 +141,10 @@ def check_bill(findings: Findings, run_dir: str, trainers_seen: int, max_steps: 
     records = read_attempts(run_dir) if storage.exists(storage.join(run_dir, "attempts")) else []
     generations = Lease(lease_dir(run_dir), ttl_s=120.0).generations() if storage.exists(lease_dir(run_dir)) else []
     billed = Counter(r.get("lease_generation") for r in records)
-    finished = [r["lease_generation"] for r in records
-                if (r.get("step") or 0) >= max_steps and isinstance(r.get("lease_generation"), int)]
-    unbilled = [g for g in generations if not billed[g] and not (finished and g > min(finished))]
+    finished_at = min((r["lease_generation"] for r in records  # the generation that reached the last step
+                       if (r.get("step") or 0) >= max_steps and isinstance(r.get("lease_generation"), int)),
+                      default=None)
+    unbilled = [g for g in generations if not billed[g] and (finished_at is None or g < finished_at)]
     twice = sorted(g for g, n in billed.items() if n > 1)
     if unbilled:
         findings.problems.append(("bill", f"lease generation(s) {unbilled} trained with no attempt record"))

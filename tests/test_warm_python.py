@@ -202,7 +202,7 @@ def test_the_worker_that_started_the_shared_servers_stops_them_only_once_no_live
     a worker ended but not yet reaped, is not waited for."""
     import threading
 
-    from tests.warm_python import WarmPython, _started
+    from tests.warm_python import WarmPython, _started, _stat
 
     users = tmp_path / "users"
     users.mkdir()
@@ -213,8 +213,7 @@ def test_the_worker_that_started_the_shared_servers_stops_them_only_once_no_live
     (users / str(other.pid)).write_text(_started(other.pid))
     (users / str(os.getpid())).write_text("0")  # a pid the system gave to another process since
     (users / "1").write_text("0")
-    with open(f"/proc/{ended.pid}/stat") as f:  # its true start time: only its state says it ended
-        (users / str(ended.pid)).write_text(f.read().rsplit(")", 1)[1].split()[19])
+    (users / str(ended.pid)).write_text(_stat(ended.pid)[19])  # its true start time: only its state says it ended
     threading.Timer(2.0, other.kill).start()
     started = time.monotonic()
     WarmPython._wait_for_users(users)

@@ -190,17 +190,13 @@ def _outcome(last: dict, code: int, tail: deque[str], signalled: bool = False) -
         raise StoppedFromOutside(f"the trainer was stopped by a SIGTERM that did not come through its launcher "
                                  f"(exit {code}): {last['message']}", preempted)
     if code < 0 and kind not in ("done", "error"):
-        killed = TrainingError(f"the trainer was killed by signal {-code} ({signal.Signals(-code).name}) "
-                               "that did not come through its launcher")
-        raise StoppedFromOutside(str(killed), killed)
+        raise _killed_from_outside("the trainer", -code)
     root = _root_cause_signal(tail) if code > 0 and not signalled else None
     if root is not None:
         # Several ranks under torchrun: one killed (an OOM kill takes the
         # largest process, one rank), torchrun stops the rest and exits 1; the
         # others may record an error of their own (a peer gone mid-collective).
-        killed = TrainingError(f"rank {root[1]} of the trainer was killed by signal {root[0]} "
-                               f"({_signal_name(root[0])}) that did not come through its launcher")
-        raise StoppedFromOutside(str(killed), killed)
+        raise _killed_from_outside(f"rank {root[1]} of the trainer", root[0])
     if kind == "error":
         raise TrainingError(f"the trainer exited with code {code}: {last['message']}")
     # No outcome recorded: a worker died (killed, a crash outside the trainer).
@@ -229,11 +225,13 @@ def _root_cause_signal(tail: deque[str] | list[str]) -> tuple[int, int] | None:
     return (-code, fields.get("rank", 0)) if code is not None and code < 0 else None
 
 
-def _signal_name(number: int) -> str:
+def _killed_from_outside(who: str, signum: int) -> StoppedFromOutside:
     try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+        name = signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name
+        name = f"signal {signum}"
+    killed = TrainingError(f"{who} was killed by signal {signum} ({name}) that did not come through its launcher")
+    return StoppedFromOutside(str(killed), killed)
 
 
 def expected_save_warning(config: Config, nproc: int) -> str | None:

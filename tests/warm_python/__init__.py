@@ -137,13 +137,18 @@ class WarmPython:
             time.sleep(0.2)
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: [0] the state, [19] the
+    start time (clock ticks since boot), which with the pid names one process for good."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _started(pid: int) -> str:
-    """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd
-    field): with the pid, names one process for good. ProcessLookupError if
-    none runs (a zombie, ended but not yet reaped by its parent, runs no more)."""
+    """When the running process `pid` started. ProcessLookupError if none runs
+    (a zombie, ended but not yet reaped by its parent, runs no more)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        fields = _stat(pid)
     except FileNotFoundError:
         raise ProcessLookupError(pid) from None
     if fields[0] in ("Z", "X"):
@@ -160,8 +165,7 @@ def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
     record = Path(sys.executable).parent / "children" / str(proc.pid)
     if not (Path(sys.executable).parent / "warm.json").exists():
         return proc.pid
-    with open(f"/proc/{proc.pid}/stat") as f:  # (a proxy that has ended unreaped still has its start time)
-        started = f.read().rsplit(")", 1)[1].split()[19]
+    started = _stat(proc.pid)[19]  # (a proxy that has ended unreaped still has its start time)
     deadline = time.monotonic() + timeout
     while True:
         child, _, of = (record.read_text() if record.exists() else "").partition(" ")
