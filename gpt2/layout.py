@@ -159,6 +159,13 @@ def attempt_record(run_dir_url: str, number: int) -> str:
     return storage.join(attempts_dir(run_dir_url), f"{number:06d}.json")
 
 
+def tracking_record(run_dir_url: str) -> str:
+    """The run's MLflow run id, written when its first trainer opens it: a trainer
+    that starts without a checkpoint (the last one died before its first) reopens
+    that run instead of opening a second (gpt2.train.loop; --fresh removes it)."""
+    return storage.join(run_dir_url, "mlflow-run.json")
+
+
 def fresh_marker(run_dir_url: str, flow_run_id: str | None) -> str:
     """Records that one flow run already applied --fresh (it must not twice)."""
     return storage.join(run_dir_url, f".fresh-{flow_run_id or 'local'}")

@@ -105,8 +105,13 @@ class Tracker:
                  parent_run_id: str | None = None, tags: dict[str, Any] | None = None,
                  enabled: bool = True, system_metrics: bool = False,
                  flush_interval_s: float = 5.0, connect_timeout_s: float = 10.0,
-                 close_timeout_s: float = 30.0, fence: Callable[[], bool] | None = None):
-        """`fence`: asked before every send (a trainer's lease: Lease.still_held; gpt2.outbox.Outbox)."""
+                 close_timeout_s: float = 30.0, fence: Callable[[], bool] | None = None,
+                 on_new_run: Callable[[str], None] | None = None, reopen_match: str | None = None):
+        """`fence`: asked before every send (a trainer's lease: Lease.still_held; gpt2.outbox.Outbox).
+        `on_new_run`: told the id of a run this tracker creates (not of one it reopens), on
+        the sender thread, as soon as MLflow has it; what it raises is logged, never sent on.
+        `reopen_match`: without `run_id`, an MLflow filter; the newest run of the experiment
+        it matches is reopened instead of creating one (a rescheduled stage run's own)."""
         enabled = enabled and config.tracking.enabled
         self.enabled, self.run_id, self.run_name = enabled, run_id, run_name
         self.uri = default_tracking_uri(config)
@@ -121,6 +126,7 @@ class Tracker:
         self.experiment_id: str | None = None
         """Known once MLflow was reached (for links: ui_link)."""
         self._system_metrics, self._close_timeout = system_metrics, close_timeout_s
+        self._on_new_run, self._reopen_match = on_new_run, reopen_match
         self._outbox: Outbox | None = None
         self._spool: Path | None = None
         if enabled:
@@ -228,11 +234,16 @@ class Tracker:
     def _ensure_run(self, client: Any) -> None:
         if self._ready:
             return
+        if self.run_id is None and self._reopen_match:  # asked here: an outage delays it like create_run
+            found = client.search_runs([self._experiment_id(client)], self._reopen_match, max_results=1,
+                                       order_by=["attributes.start_time DESC"])
+            self.run_id, self._resumed = (found[0].info.run_id, True) if found else (None, False)
         if self.run_id is not None and not self._reopen(client):
             self.run_id, self._resumed = None, False
         if self.run_id is None:
             run = client.create_run(self._experiment_id(client), run_name=self.run_name, tags=self._tags)
             self.run_id = run.info.run_id
+            self._tell_new_run()
         else:
             run = client.get_run(self.run_id)
             self._logged_through = _last_steps(run)
@@ -240,6 +251,14 @@ class Tracker:
         self._ready = True
         log.info("MLflow run %s (%s) at %s", self.run_id, "resumed" if self._resumed else "new", self.safe_uri)
         self._start_monitor()
+
+    def _tell_new_run(self) -> None:
+        if self._on_new_run is None:
+            return
+        try:
+            self._on_new_run(self.run_id)
+        except Exception as err:  # noqa: BLE001 - a record beside the run, never a reason to lose its metrics
+            log.warning("could not record MLflow run %s: %s", self.run_id, redact(str(err)))
 
     def _reopen(self, client: Any) -> bool:
         from mlflow.exceptions import MlflowException

@@ -41,7 +41,7 @@ def _track(config: Config, result: dict[str, Any], parent_run_id: str | None) ->
     numbers = {f"preflight/{k}": float(v) for k, v in result.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     with stage_run(config, f"preflight-{layout.run_name(config)}", "preflight", parent_run_id,
-                   tags={"preflight.failed": ",".join(result["failed"]) or "none"}) as t:
+                   tags={"preflight.failed": ",".join(result["failed"]) or "none"}, per_attempt=True) as t:
         t.log_metrics(numbers, step=0)
         t.log_dict(result, "preflight.json")
         if result["failed"]:

@@ -55,10 +55,20 @@ def checkpoint_tags(ref: CheckpointRef) -> dict[str, str]:
 
 
 def stage_run(config: Config, name: str, stage: str, parent_run_id: str | None = None,
-              run_id: str | None = None, tags: dict[str, str] | None = None) -> Tracker:
-    """A Tracker for one stage run (use it as a context manager)."""
+              run_id: str | None = None, tags: dict[str, str] | None = None,
+              per_attempt: bool = False) -> Tracker:
+    """A Tracker for one stage run (use it as a context manager). Inside a flow
+    run, the MLflow run of this stage and name that the same flow run opened
+    before is reopened: a stage rescheduled after its machine died (or a task
+    retried) keeps one MLflow run, as training does. `per_attempt`: a new run
+    for each attempt (the preflight: each attempt checks another machine)."""
+    own = flow_run_tags()
+    match = None
+    if run_id is None and not per_attempt and "prefect.flow_run_id" in own and "'" not in name:
+        match = (f"attributes.run_name = '{name}' and tags.stage = '{stage}' "
+                 f"and tags.`prefect.flow_run_id` = '{own['prefect.flow_run_id']}'")
     return Tracker(config, name, run_id=run_id, parent_run_id=parent_run_id,
-                   tags={"stage": stage, **flow_run_tags(), **(tags or {})})
+                   tags={"stage": stage, **own, **(tags or {})}, reopen_match=match)
 
 
 def finished_stage_run(config: Config, name: str, stage: str) -> str | None:

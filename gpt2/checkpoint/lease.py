@@ -147,7 +147,7 @@ class Lease:
         gen, record = self.current()
         if self._live(record, now):
             return describe(record, now)
-        if gen and record is not None:
+        if gen and record is not None and float(record.get("renewed_at", 0)) > 0:  # 0: released, not stale
             log.warning("taking over the stale lease of %s (%s)", self.directory, describe(record, now))
         self.generation = gen + 1
         try:

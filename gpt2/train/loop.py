@@ -34,7 +34,7 @@ from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.distributed import any_rank
 from gpt2.identity import train_fingerprint
 from gpt2.tracking import Tracker
-from gpt2.train import memory, spike_actions
+from gpt2.train import memory, mlflow_run, spike_actions
 from gpt2.train.checkpoint_state import checkpoint_state
 from gpt2.train.failure_board import FailureBoard
 from gpt2.train.hellaswag_in_loop import InLoopHellaSwag
@@ -85,10 +85,13 @@ class Loop:
                                          self.failures.survive)
         self.board = FailureBoard.for_group(session.env)  # watches from run() on
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
-        self.tracker = Tracker(self.cfg, self.run_name, run_id=state.get("mlflow_run_id"),
+        held = session.lease.still_held if session.lease else None
+        self.tracker = Tracker(self.cfg, self.run_name,
+                               run_id=mlflow_run.run_to_reopen(self.run_dir, state) if session.env.is_main else None,
                                parent_run_id=parent_run_id, tags=all_tags,
                                enabled=session.env.is_main, system_metrics=True,
-                               fence=session.lease.still_held if session.lease else None)  # lost: no late sends
+                               fence=held,  # lost: no late sends
+                               on_new_run=mlflow_run.recorder(self.run_dir, held))
         self.tracker.requeue(state.get("tracking_backlog") or [])  # what the killed attempt never sent
         if session.env.is_main and not state:
             self.tracker.log_params(self.cfg.model_dump(mode="json"))

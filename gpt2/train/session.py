@@ -92,6 +92,7 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
             if fresh:
                 log.info("--fresh: deleting the checkpoints of %s", run_dir)
                 store.clear_run(run_dir)
+                storage.remove(layout.tracking_record(run_dir))  # a fresh run opens a new MLflow run
                 staging.clear(config)
             else:  # a newer local copy (its trainer died uploading it) goes to the root first
                 staging.recover(config, fence)

@@ -1,8 +1,9 @@
 """Preemption on the local stack, each as a spot VM or a pod delivers it:
 
-1. SIGTERM (a spot reclaim with notice) to the training flow run's process:
-   the trainer checkpoints, the run ends Crashed (never Failed), is
-   rescheduled and resumes from the SIGTERM checkpoint;
+1. SIGTERM (a spot reclaim with notice) to the data stage's flow-run process
+   mid-run, then to the training flow run's: each run ends Crashed (never
+   Failed) and is rescheduled; the data stage continues from its cache, the
+   trainer checkpoints and resumes from the SIGTERM checkpoint;
 2. the same through `prefect flow-run execute` with
    PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR=reschedule (what a Kubernetes pod
    runs as PID 1): the run goes back to Scheduled and resumes;
@@ -53,7 +54,24 @@ LONG_RUN = {"train.max_steps": 200, "train.checkpoint_every": 10_000, "train.eva
             "eval.every_steps": 0}
 
 
-def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
+def sigterm_while_running(stack, run) -> None:
+    """SIGTERM to a flow run's process while the run is Running. The process is
+    frozen first and the server asked: the signal lands mid-run, never after
+    the run ended (a fast stage could otherwise finish in between)."""
+    proc = flow_run_process(stack, str(run.id), timeout=PIPELINE_TIMEOUT_S)
+    proc.suspend()
+    try:
+        with client(stack) as c:
+            state = c.read_flow_run(run.id).state
+        assert state.is_running(), f"{run.name} was {state.name} before the SIGTERM could land"
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        proc.resume()
+    proc.wait(timeout=120)
+
+
+def test_sigterm_to_data_then_training_reschedules_each_and_training_resumes_from_its_checkpoint(stack):
+    """The first test of this module's stack: its data stage does the work (no cache yet)."""
     from flows.stages import results_url
     from gpt2 import storage
     from gpt2.overrides import resolve_config
@@ -61,6 +79,9 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
     params = overrides(stack, **{"train.lr": 2e-3, **LONG_RUN})
     config = resolve_config("smoke", params)
     parent_id = deployment_run(stack, params)
+    # The fault soak's defect: a cpu stage was not rescheduled, and its pipeline failed on it.
+    data = child(stack, parent_id, "gpt2-data/data", timeout=PIPELINE_TIMEOUT_S)
+    sigterm_while_running(stack, data)
     train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
     proc = flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
     run_dir = storage.local_path(layout_run_dir(config))
@@ -78,6 +99,12 @@ def test_sigterm_to_training_reschedules_and_resumes_from_its_checkpoint(stack):
     assert train.run_count >= 2 and "Crashed" in history and "Failed" not in history, history
     result = storage.read_json(results_url(config, str(train.id)))
     assert result["resumed_from_step"] == stopped_at
+    with client(stack) as c:
+        data = c.read_flow_run(data.id)
+        data_history = [s.name for s in c.read_flow_run_states(data.id)]
+    assert_completed(stack, data, "the data stage")
+    assert data.run_count >= 2 and "Crashed" in data_history and "AwaitingRetry" in data_history, data_history
+    assert "Failed" not in data_history, data_history
 
 
 def test_sigterm_under_flow_run_execute_reschedules(stack):

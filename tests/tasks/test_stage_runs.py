@@ -38,3 +38,34 @@ def test_inside_a_flow_run_the_run_is_linked_to_it(tmp_path, prefect_server):
 
     run_id, flow_run_id = stage_flow()
     assert _tags(config, run_id) == {"stage": "data", "cached": "false", "prefect.flow_run_id": flow_run_id}
+
+
+def test_a_stage_run_started_again_by_its_flow_run_reopens_its_mlflow_run(tmp_path, prefect_server):
+    """A stage rescheduled after its machine died runs again as the same flow
+    run: it continues the MLflow run its crashed attempt opened (one run per
+    stage, as the fault soak's checker asks), while another flow run, another
+    checkpoint and the per-attempt preflight each get a run of their own."""
+    config = tiny_config(tmp_path)
+
+    def attempt(name: str, stage: str = "evaluate", status: str = "FINISHED", **kw) -> str:
+        tracker = stage_run(config, name, stage, tags=checkpoint_tags(REF), **kw)
+        tracker.log_metrics({"hellaswag/acc": 0.25}, step=60)
+        tracker.close(status)
+        return tracker.run_id
+
+    @flow
+    def stage_flow() -> dict[str, str]:
+        return {"crashed": attempt("eval-x-step_000060", status="FAILED"),  # its process got a SIGTERM
+                "again": attempt("eval-x-step_000060"),
+                "other checkpoint": attempt("eval-x-step_000070"),
+                "preflight 1": attempt("preflight-x", "preflight", per_attempt=True),
+                "preflight 2": attempt("preflight-x", "preflight", per_attempt=True)}
+
+    first, second = stage_flow(), stage_flow()
+    assert first["again"] == first["crashed"]
+    client = MlflowClient(default_tracking_uri(config))
+    run = client.get_run(first["again"])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "hellaswag/acc")] == [60]  # once
+    assert len({first["again"], first["other checkpoint"], first["preflight 1"], first["preflight 2"]}) == 4
+    assert second["crashed"] not in set(first.values())  # another flow run: a run of its own

@@ -69,15 +69,25 @@ def test_of_trainers_racing_for_a_free_run_exactly_one_wins(lease_dir):
     winners[0].check()  # the winner holds the newest generation
 
 
-def test_a_stale_lease_is_taken_over_and_its_old_holder_is_fenced(lease_dir):
+def test_a_stale_lease_is_taken_over_and_its_old_holder_is_fenced(lease_dir, caplog):
     old = Lease(lease_dir, ttl_s=0.4).acquire()
     old._stop.set()  # paused: it no longer renews
     time.sleep(0.5)
     new = Lease(lease_dir, ttl_s=0.4).acquire()
+    assert "taking over the stale lease" in caplog.text
     assert new.generation == old.generation + 1
     with pytest.raises(LeaseLost, match="passed to a later trainer"):
         old.check()
     new.release()
+
+
+def test_a_released_lease_is_taken_without_calling_it_stale(lease_dir, caplog):
+    """A trainer that ended let go of the lease (renewed_at 0): the next one takes
+    it quietly, not with a warning about a holder 'last renewed 56 years ago'."""
+    Lease(lease_dir, ttl_s=60).acquire().release()
+    second = Lease(lease_dir, ttl_s=60).acquire()
+    assert second.generation == 2 and "stale" not in caplog.text
+    second.release()
 
 
 def test_waiting_for_a_holder_that_lets_go(lease_dir):

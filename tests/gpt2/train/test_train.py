@@ -260,3 +260,37 @@ def test_a_new_run_names_a_sibling_with_the_same_model_and_data(finished, tmp_pa
     train(other)
     sibling = layout.run_name(config)
     assert f"run {sibling} has the same model and data (step 8) and differs in train.lr" in caplog.text
+
+
+def test_a_trainer_that_died_before_its_first_checkpoint_leaves_its_mlflow_run_to_the_next(tmp_path, monkeypatch):
+    """The fault soak's defect: an attempt died on a full disk at its first
+    checkpoint; the next started at step 0 with no checkpoint to name its MLflow
+    run and opened a second run for the same training run (gpt2.train.mlflow_run)."""
+    import errno
+
+    config = tiny_config(tmp_path, **{"train.checkpoint_every": 4})
+    write_dataset(config)
+    write_blobs = store.write_blobs
+
+    def full_disk(url, blobs):
+        raise OSError(errno.ENOSPC, "No space left on device", url)
+
+    monkeypatch.setattr(store, "write_blobs", full_disk)
+    with pytest.raises(Exception, match="No space left on device"):
+        train(config)
+    assert store.latest_checkpoint(config) is None
+    client = MlflowClient(default_tracking_uri(config))
+
+    def train_runs():
+        return [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+                if r.data.tags.get("stage") == "train"]
+
+    (cut_short,) = train_runs()
+    assert [m.step for m in client.get_metric_history(cut_short.info.run_id, "train/loss")] == [1, 2, 3, 4]
+
+    monkeypatch.setattr(store, "write_blobs", write_blobs)  # space freed
+    result = train(config)
+    assert result.resumed_from_step == 0 and result.mlflow_run_id == cut_short.info.run_id
+    assert [r.info.run_id for r in train_runs()] == [cut_short.info.run_id]
+    for key in ("train/loss", "train/lr", "train/grad_norm"):
+        assert [m.step for m in client.get_metric_history(result.mlflow_run_id, key)] == list(range(1, 9)), key
