@@ -30,7 +30,8 @@ from gpt2.errors import UserError
 from gpt2.overrides import resolve_config
 from gpt2.secrets import redact
 from gpt2.steps import EPOCH, with_resolved_steps
-from gpt2.tracking import Tracker, ui_link
+from gpt2.tracking import Tracker
+from gpt2.tracking_ui import ui_link
 from tasks.tracking import stage_run
 
 STAGES = ("data", "train", "evaluate", "export")

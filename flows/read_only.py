@@ -148,7 +148,8 @@ def _train_run_link(config: Config, run_id: str | None) -> str | None:
     written): the pipeline wrote no run of its own to link to."""
     from mlflow import MlflowClient
 
-    from gpt2.tracking import default_tracking_uri, ui_link
+    from gpt2.tracking import default_tracking_uri
+    from gpt2.tracking_ui import ui_link
 
     uri = default_tracking_uri(config)
     try:

@@ -86,7 +86,7 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
     hs = result.get("hellaswag") or {}
     cached = ", ".join(result["cached_stages"]) or "none"
     uri = redact(default_tracking_uri(config))
-    link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking.ui_link)
+    link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking_ui.ui_link)
     # Shell-quoted: a root with a space (or any shell character) pastes as one argument.
     ui = f"mlflow ui --backend-store-uri {shlex.quote(uri)}  # then open {link}" if uri.startswith("sqlite:") else link
     lines = [

@@ -30,9 +30,6 @@ from gpt2.tracking_names import MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, fla
 
 log = logging.getLogger(__name__)
 
-# MLflow 3.17's UI mode: the link's `workflowType`, else localStorage (GenAI until switched), never the tag.
-UI_MODE_QUERY = "workflowType=machine_learning"
-
 
 def default_tracking_uri(config: Config) -> str:
     """`tracking.uri`, else $MLFLOW_TRACKING_URI, else a SQLite store beside a
@@ -51,15 +48,6 @@ def answers(uri: str) -> float:
     started = time.perf_counter()
     MlflowClient(uri).search_experiments(max_results=1)
     return time.perf_counter() - started
-
-
-def ui_link(uri: str, experiment_id: str | None, run_id: str | None = None) -> str:
-    """The experiment's runs table (or one run) in the MLflow UI, in "Model training" mode (UI_MODE_QUERY;
-    GenAI mode lists a training run under "Evaluation runs"). `mlflow ui` serves SQLite at its default."""
-    base = "http://127.0.0.1:5000" if uri.startswith("sqlite:") else redact(uri).rstrip("/")
-    if not base.startswith(("http://", "https://")) or experiment_id is None:
-        return base
-    return f"{base}/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_MODE_QUERY}"
 
 
 def artifact_location(config: Config) -> str:
@@ -109,7 +97,7 @@ class Tracker:
                  on_new_run: Callable[[str], None] | None = None, reopen_match: str | None = None):
         """`fence`: asked before every send (a trainer's lease: Lease.still_held; gpt2.outbox.Outbox).
         `on_new_run`: told the id of a run this tracker creates (not of one it reopens), on
-        the sender thread, as soon as MLflow has it; what it raises is logged, never sent on.
+        the sender thread, as soon as MLflow has it; it must not raise (gpt2.train.mlflow_run).
         `reopen_match`: without `run_id`, an MLflow filter; the newest run of the experiment
         it matches is reopened instead of creating one (a rescheduled stage run's own)."""
         enabled = enabled and config.tracking.enabled
@@ -124,7 +112,7 @@ class Tracker:
         self._resumed, self._ready, self._client, self._monitor = run_id is not None, False, None, None
         self._logged_through: dict[str, int] = {}  # a resumed run: per metric, the last step it holds
         self.experiment_id: str | None = None
-        """Known once MLflow was reached (for links: ui_link)."""
+        """Known once MLflow was reached (for links: gpt2.tracking_ui.ui_link)."""
         self._system_metrics, self._close_timeout = system_metrics, close_timeout_s
         self._on_new_run, self._reopen_match = on_new_run, reopen_match
         self._outbox: Outbox | None = None
@@ -243,7 +231,8 @@ class Tracker:
         if self.run_id is None:
             run = client.create_run(self._experiment_id(client), run_name=self.run_name, tags=self._tags)
             self.run_id = run.info.run_id
-            self._tell_new_run()
+            if self._on_new_run is not None:
+                self._on_new_run(self.run_id)
         else:
             run = client.get_run(self.run_id)
             self._logged_through = _last_steps(run)
@@ -251,14 +240,6 @@ class Tracker:
         self._ready = True
         log.info("MLflow run %s (%s) at %s", self.run_id, "resumed" if self._resumed else "new", self.safe_uri)
         self._start_monitor()
-
-    def _tell_new_run(self) -> None:
-        if self._on_new_run is None:
-            return
-        try:
-            self._on_new_run(self.run_id)
-        except Exception as err:  # noqa: BLE001 - a record beside the run, never a reason to lose its metrics
-            log.warning("could not record MLflow run %s: %s", self.run_id, redact(str(err)))
 
     def _reopen(self, client: Any) -> bool:
         from mlflow.exceptions import MlflowException

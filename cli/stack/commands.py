@@ -68,7 +68,7 @@ def _runs_page(mlflow_url: str, root: str) -> str:
     training runs rather than MLflow's GenAI view; the bare URL if that fails."""
     from gpt2 import layout
     from gpt2.config import Config, RuntimeConfig
-    from gpt2.tracking import ui_link
+    from gpt2.tracking_ui import ui_link
     from gpt2.tracking_experiment import ensure_experiment
 
     config = Config(runtime=RuntimeConfig(root=root))

@@ -17,6 +17,7 @@ import logging
 from typing import Callable
 
 from gpt2 import layout, storage
+from gpt2.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ def recorder(run_dir: str, still_held: Callable[[], bool] | None) -> Callable[[s
     """Tracker's `on_new_run`: records the new run's id under the run, only while
     this trainer holds the run's lease (a trainer that lost it never writes there)."""
     def record(run_id: str) -> None:
-        if still_held is None or still_held():
-            storage.write_record(layout.tracking_record(run_dir), {"mlflow_run_id": run_id})
+        try:
+            if still_held is None or still_held():
+                storage.write_record(layout.tracking_record(run_dir), {"mlflow_run_id": run_id})
+        except Exception as err:  # noqa: BLE001 - a record beside the run, never a reason to lose its metrics
+            log.warning("could not record MLflow run %s under %s: %s", run_id, run_dir, redact(str(err)))
     return record

@@ -134,7 +134,7 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
                     "model_version", "stage_mlflow_run_ids"):
             assert answer[key] == again[key], key
         assert answer["mlflow_run_id"] is None and answer["bill"]["attempts"] == 0
-        assert answer["mlflow_url"].endswith(  # the training run, in the runs view (gpt2.tracking.ui_link)
+        assert answer["mlflow_url"].endswith(  # the training run, in the runs view (gpt2.tracking_ui.ui_link)
             f"/runs/{again['stage_mlflow_run_ids']['train']}?workflowType=machine_learning")
         assert snapshot(root) == before
 

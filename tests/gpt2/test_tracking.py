@@ -6,7 +6,8 @@ import time
 
 from mlflow import MlflowClient
 
-from gpt2.tracking import Tracker, artifact_location, default_tracking_uri, ui_link
+from gpt2.tracking import Tracker, artifact_location, default_tracking_uri
+from gpt2.tracking_ui import ui_link
 from gpt2.tracking_names import flatten, metric_name
 from tests.gpt2.train.fixtures import tiny_config
 
