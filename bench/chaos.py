@@ -22,7 +22,9 @@ The last stdout line (--json) is one JSON object: `faults` (count by kind),
 `pipelines`, `pipelines_completed`, `lost`, `duplicates`, `problems`, the
 findings, seed and commit. Exit 0 only when nothing was lost, nothing
 duplicated, every pipeline completed and no other check failed. `--record`
-appends the object to bench/chaos_results.jsonl; `--figure` draws it.
+appends the object to bench/chaos_results.jsonl; `--figure` draws it. A soak
+stopped by Ctrl-C or SIGTERM still prints, records and draws the pipelines it
+checked, with `interrupted` saying when (never a pass).
 """
 
 from __future__ import annotations
@@ -179,11 +181,13 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
         # Drawn faults go on until all were injected (one may find no target: stop somewhere).
         return drawn() < opts.faults and len(pipelines) < opts.pipelines + opts.faults + 1
 
+    def next_pipeline() -> dict[str, Any]:  # the script (if any) on the first pipeline, drawn faults on the others
+        script = opts.script if not pipelines else []
+        return run_pipeline(len(pipelines), stack, injector, opts, reference,
+                            0 if script else opts.faults - drawn(), script)
+
     try:
-        while more():  # the script (if any) on the first pipeline, drawn faults on the others
-            script = opts.script if not pipelines else []
-            pipelines.append(run_pipeline(len(pipelines), stack, injector, opts, reference,
-                                          0 if script else opts.faults - drawn(), script))
+        interrupted = run_until_stopped(more, next_pipeline, pipelines)
     finally:  # also on Ctrl-C or SIGTERM (main): nothing of the soak outlives it
         injector.release()
         supervisor.stop()
@@ -193,6 +197,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     faults = Counter(f["kind"] for p in pipelines for f in p["faults"])
     result = {
         "seed": opts.seed, "commit": revision, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "interrupted": interrupted,
         "faults": dict(sorted(faults.items())), "faults_total": sum(faults.values()),
         "pipelines": len(pipelines), "pipelines_completed": sum(p["completed"] for p in pipelines),
         "reruns": sum(p["reruns"] for p in pipelines),
@@ -217,9 +222,24 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_until_stopped(more, run_one, pipelines: list) -> str | None:
+    """Run pipelines while `more()`, appending each one's checks. A Ctrl-C or a
+    SIGTERM (main) ends the loop and says why: the pipelines checked so far are
+    kept (a soak stopped by hand, say on a hang, still records what it found),
+    the one under way is not counted."""
+    try:
+        while more():
+            pipelines.append(run_one())
+    except KeyboardInterrupt as stop:
+        why = f"stopped by {stop or 'Ctrl-C'} during pipeline {len(pipelines)}"
+        _say(f"{why}: the {len(pipelines)} pipeline(s) checked before are recorded")
+        return why
+    return None
+
+
 def passed(result: dict[str, Any]) -> bool:
     return (result["lost"] == 0 and result["duplicates"] == 0 and result["problems"] == 0
-            and result["pipelines_completed"] == result["pipelines"])
+            and result["pipelines_completed"] == result["pipelines"] and not result.get("interrupted"))
 
 
 def _pair(text: str) -> tuple[float, float]:
@@ -291,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench.chaos_figure import draw
 
         draw(result, opts.figure)
-    print(f"{result['faults_total']} fault(s) {result['faults']}; {result['pipelines_completed']}/"
+    print(f"{result['interrupted'] + ': ' if result['interrupted'] else ''}"
+          f"{result['faults_total']} fault(s) {result['faults']}; {result['pipelines_completed']}/"
           f"{result['pipelines']} pipeline(s) completed ({result['reruns']} rerun); lost {result['lost']}, "
           f"duplicated {result['duplicates']}, other problems {result['problems']}; "
           f"supervisor restarts {result['restarts']}; {result['elapsed_s']:.0f} s")

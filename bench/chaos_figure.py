@@ -29,8 +29,9 @@ def draw(result: dict[str, Any], path: Path) -> Path:
     right.set_xticks(range(len(outcome)), list(outcome), rotation=25, ha="right")
     right.bar_label(bars)
     right.set_title("what the pipelines kept")
+    stopped = f"; {result['interrupted']}" if result.get("interrupted") else ""
     fig.suptitle(f"fault soak: seed {result['seed']}, commit {str(result['commit'])[:12]}, "
-                 f"{result['elapsed_s'] / 60:.0f} min", fontsize=11)
+                 f"{result['elapsed_s'] / 60:.0f} min{stopped}", fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=100)

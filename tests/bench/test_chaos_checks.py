@@ -169,8 +169,25 @@ def test_a_pipelines_faults_are_the_scripts_or_drawn_in_order():
 def test_the_soak_passes_only_when_nothing_is_lost_duplicated_or_wrong():
     good = {"lost": 0, "duplicates": 0, "problems": 0, "pipelines": 2, "pipelines_completed": 2}
     assert chaos.passed(good)
-    for key, value in (("lost", 1), ("duplicates", 1), ("problems", 1), ("pipelines_completed", 1)):
+    for key, value in (("lost", 1), ("duplicates", 1), ("problems", 1), ("pipelines_completed", 1),
+                       ("interrupted", "stopped by Ctrl-C during pipeline 2")):
         assert not chaos.passed({**good, key: value}), key
+
+
+def test_a_soak_stopped_by_hand_keeps_the_pipelines_it_checked():
+    """The long soak was once stopped on a hang after five pipelines and recorded
+    nothing of them; now the loop ends saying why, with the checked ones kept."""
+    pipelines = []
+
+    def run_one():
+        if len(pipelines) == 2:
+            raise KeyboardInterrupt("signal 15")  # main() turns a SIGTERM into this
+        return {"pipeline": len(pipelines)}
+
+    why = chaos.run_until_stopped(lambda: True, run_one, pipelines)
+    assert why == "stopped by signal 15 during pipeline 2" and pipelines == [{"pipeline": 0}, {"pipeline": 1}]
+    done = []
+    assert chaos.run_until_stopped(lambda: len(done) < 3, lambda: done.append(1) or {}, []) is None
 
 
 def test_the_disk_fill_fills_twice_over_and_frees(tmp_path):
