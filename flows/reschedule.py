@@ -49,6 +49,9 @@ from flows.deployment_file import RESCHEDULE_AUTOMATION
 PREEMPTIBLE = "preemptible"
 GRACE_S = 120.0
 """How long a Crashed run is left to the automation (which waits 20 s)."""
+UNSTARTED_GRACE_S = 30.0
+"""How long a run that crashed before it ever ran is left Crashed: the automation never
+acts on one, so only the worker's own late report of the crash is waited out."""
 SWEEP_EVERY_S = 15.0
 
 
@@ -65,6 +68,34 @@ def the_automation_would(run: FlowRun, counts: set[str]) -> bool:
         and str(run.run_count) in counts
 
 
+def unstarted_crashes(client: Any, run: FlowRun, counts: set[str]) -> int | None:
+    """For a preemptible run that crashed before it ever ran (run count 0): how
+    many times it crashed so, while that is within the automation's budget
+    (len(counts)); None otherwise. The automation leaves run count 0 alone, as a
+    start that can never work (a bad image) would crash for ever; but a process
+    started while the Prefect server was away (restarting, an upgrade) exits
+    before its flow runs, and the stage it belonged to failed its pipeline
+    (found by the fault soak). Counting the Crashed states in the run's history
+    gives such a start the same budget and still ends a broken one."""
+    if not (counts and run.run_count == 0 and run.state is not None and run.state.type == StateType.CRASHED
+            and PREEMPTIBLE in (run.tags or [])):
+        return None
+    crashes = sum(1 for s in client.read_flow_run_states(run.id) if s.type == StateType.CRASHED)
+    return crashes if crashes <= len(counts) else None
+
+
+def to_put_back(client: Any, run: FlowRun, counts: set[str]) -> tuple[bool, int | None]:
+    """(whether a backstop puts the crashed run back, and where it never ran: its crashes so far)."""
+    if the_automation_would(run, counts):
+        return True, None
+    unstarted = unstarted_crashes(client, run, counts)
+    return unstarted is not None, unstarted
+
+
+def grace_for(run: FlowRun, grace_s: float) -> float:
+    return min(grace_s, UNSTARTED_GRACE_S) if run.run_count == 0 else grace_s
+
+
 def crashed_for_s(run: FlowRun, now: datetime) -> float:
     return (now - run.state.timestamp).total_seconds()
 
@@ -77,11 +108,14 @@ def propose(client: Any, run: FlowRun, state: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def put_back(client: Any, run: FlowRun, by: str, grace_s: float) -> tuple[bool, str]:
-    """Set the run AwaitingRetry, as the automation does; (done, why not)."""
+def put_back(client: Any, run: FlowRun, by: str, grace_s: float, unstarted: int | None = None) -> tuple[bool, str]:
+    """Set the run AwaitingRetry, as the automation does; (done, why not).
+    `unstarted`: the run crashed before it ever ran, this many times (unstarted_crashes)."""
+    why = (f"it crashed before it ever ran (crash {unstarted}), which {RESCHEDULE_AUTOMATION} leaves alone"
+           if unstarted else f"still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} "
+                             "did not act on")
     return propose(client, run, Scheduled(name="AwaitingRetry", message=(
-        f"Rescheduled by {by}: still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} "
-        "did not act on; resumes from its newest checkpoint.")))
+        f"Rescheduled by {by}: {why}; resumes from its newest checkpoint.")))
 
 
 def sweep(client: Any, grace_s: float = GRACE_S, now: datetime | None = None,
@@ -97,9 +131,12 @@ def sweep(client: Any, grace_s: float = GRACE_S, now: datetime | None = None,
         tags=FlowRunFilterTags(all_=[PREEMPTIBLE])), limit=200)
     done = []
     for run in crashed:
-        if not the_automation_would(run, counts) or crashed_for_s(run, now) < grace_s:
+        if crashed_for_s(run, now) < grace_for(run, grace_s):
             continue
-        ok, why = put_back(client, run, "the stack's rescheduler", grace_s)
+        wanted, unstarted = to_put_back(client, run, counts)
+        if not wanted:
+            continue
+        ok, why = put_back(client, run, "the stack's rescheduler", grace_s, unstarted)
         if ok:
             done.append(run.name)
             say(f"flow run {run.name} ({run.id}) was still Crashed {crashed_for_s(run, now):.0f} s after its crash "

@@ -150,7 +150,7 @@ def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),
         run = _wait_final(run_id, start_timeout_s, tick=tick)
         if run.state.type != StateType.CRASHED:
             return run
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + reschedule.grace_for(run, grace_s)
         while time.monotonic() < deadline:
             time.sleep(3)
             run = _read(run_id)
@@ -168,16 +168,22 @@ def reschedule_in_its_place(run: FlowRun, grace_s: float) -> bool:
     """Put a stage run still Crashed `grace_s` after its crash back to
     Scheduled (AwaitingRetry), exactly as the reschedule automation would have,
     and only where it would have (flows.reschedule says why the automation can
-    miss a crash). Returns whether it rescheduled the run."""
+    miss a crash); or one that crashed before it ever ran, within the same
+    budget (flows.reschedule.unstarted_crashes). Returns whether it rescheduled the run."""
     with get_client(sync_client=True) as client:
-        if not reschedule.the_automation_would(run, reschedule.automation_run_counts(client)):
+        wanted, unstarted = reschedule.to_put_back(client, run, reschedule.automation_run_counts(client))
+        if not wanted:
             return False
-        done, why = reschedule.put_back(client, run, "the pipeline", grace_s)
+        done, why = reschedule.put_back(client, run, "the pipeline", grace_s, unstarted)
     if not done:
         get_run_logger().warning("stage run %s could not be rescheduled: %s", run.name, why)
         return False
-    get_run_logger().warning("stage run %s was still Crashed %.0f s after its crash; rescheduled it as %s would "
-                             "have (%s)", run.name, grace_s, RESCHEDULE_AUTOMATION, run.state.message)
+    if unstarted:
+        get_run_logger().warning("stage run %s crashed before it ever ran (%s; crash %d); started it again",
+                                 run.name, run.state.message, unstarted)
+    else:
+        get_run_logger().warning("stage run %s was still Crashed %.0f s after its crash; rescheduled it as %s would "
+                                 "have (%s)", run.name, grace_s, RESCHEDULE_AUTOMATION, run.state.message)
     return True
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
-from prefect.states import Crashed, Running
+from prefect.states import Crashed, Pending, Running, Scheduled
 
 from cli.stack.prefect_setup import replace_automations
 from flows.stages import reschedule_in_its_place
@@ -42,6 +42,20 @@ def _crashed_run(client, tags: list[str], runs: int = 1):
     return client.read_flow_run(run.id)
 
 
+def _crashed_unstarted(client, tags: list[str], crashes: int = 1):
+    """A stage's flow run whose process exited before its flow ran (run count 0),
+    `crashes` times: as the soak saw it, started while the Prefect server was away."""
+    deployment = client.create_deployment(flow_id=client.create_flow(_stage), name="backstop")
+    run = client.create_flow_run_from_deployment(deployment, tags=tags)
+    for i in range(crashes):
+        if i:
+            client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry"), force=True)
+        client.set_flow_run_state(run.id, Pending(), force=True)
+        client.set_flow_run_state(run.id, Crashed(
+            message="Flow run infrastructure exited with non-zero status code 1."), force=True)
+    return client.read_flow_run(run.id)
+
+
 @pytest.fixture
 def automations(prefect_server):
     with get_client(sync_client=True) as client:
@@ -66,6 +80,22 @@ def test_only_where_the_automation_would_have(automations):
     spent = _crashed_run(automations, ["gpu", "preemptible"], runs=3)  # beyond max_reschedules=2
     assert [_backstop(str(r.id)) for r in (untagged, spent)] == [False, False]
     assert all(automations.read_flow_run(r.id).state.is_crashed() for r in (untagged, spent))
+
+
+def test_a_stage_that_crashed_before_it_ever_ran_is_started_again_within_the_budget(automations):
+    """The soak's defect: the evaluate stage's process started while the Prefect
+    server was away, exited before its flow ran (run count 0), which the
+    automation never reschedules, and the pipeline failed. A start that can
+    never work (a bad image) still ends Crashed once the budget is spent."""
+    run = _crashed_unstarted(automations, ["gpu", "preemptible"])
+    assert run.run_count == 0 and run.state.is_crashed()
+    assert _backstop(str(run.id)) is True
+    state = automations.read_flow_run(run.id).state
+    assert state.is_scheduled() and state.name == "AwaitingRetry" and "before it ever ran" in state.message
+    spent = _crashed_unstarted(automations, ["gpu", "preemptible"], crashes=3)  # beyond max_reschedules=2
+    untagged = _crashed_unstarted(automations, ["gpu"])
+    assert [_backstop(str(r.id)) for r in (spent, untagged)] == [False, False]
+    assert all(automations.read_flow_run(r.id).state.is_crashed() for r in (spent, untagged))
 
 
 def test_no_automation_on_the_server_means_no_backstop(prefect_server):
@@ -117,6 +147,19 @@ def test_the_sweep_leaves_what_the_automation_would_leave(automations):
     done = reschedule.sweep(automations, grace_s=120, now=_later(121), say=lambda _: None)
     assert untagged.name not in done and spent.name not in done
     assert all(automations.read_flow_run(r.id).state.is_crashed() for r in (untagged, spent))
+
+
+def test_the_sweep_starts_a_run_that_crashed_before_it_ever_ran_again_after_a_short_wait(automations):
+    from flows import reschedule
+
+    unstarted = _crashed_unstarted(automations, ["gpt2", "pipeline", "preemptible"])
+    spent = _crashed_unstarted(automations, ["gpt2", "pipeline", "preemptible"], crashes=3)
+    said = []
+    assert unstarted.name not in reschedule.sweep(automations, grace_s=120, say=said.append)  # the worker's late report
+    done = reschedule.sweep(automations, grace_s=120, now=_later(reschedule.UNSTARTED_GRACE_S + 1), say=said.append)
+    assert unstarted.name in done and spent.name not in done
+    assert "before it ever ran" in automations.read_flow_run(unstarted.id).state.message
+    assert automations.read_flow_run(spent.id).state.is_crashed()
 
 
 def test_no_automation_means_the_sweep_does_nothing(prefect_server):
