@@ -61,14 +61,52 @@ def fault_plan(script: list[tuple[str, float, float | None]], rng: random.Random
     return [(None, at, None) for at in sorted(rng.uniform(*window_s) for _ in range(n))]
 
 
-def _watch(stack: Stack, parent: str, deadline: float, mark: str, trainers_seen: set[int]) -> None:
-    """Follow the run to a final state, adding every trainer process seen meanwhile."""
+def _watch(stack: Stack, parent: str, deadline: float) -> None:
+    """Follow the run to a final state."""
     while time.monotonic() < deadline:
-        trainers_seen |= {p.pid for p in chaos_faults.trainers(mark)}
         run = stack.read(parent)
         if run is not None and run.state.is_final():
             return
         time.sleep(0.5)
+
+
+def _under_faults(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace, plan: list,
+                  disk: Any, params: dict, script: list) -> tuple[dict[str, Any], Any, list, int]:
+    """Start the pipeline, inject its faults, follow it (and its rerun after a
+    full disk) to the end: (outcome, its final run or None, faults, reruns)."""
+    parent = stack.start_pipeline(params)
+    _say(f"pipeline {i}: flow run {parent}")
+    faults = []
+    deadline = time.monotonic() + opts.timeout_s
+    began = time.monotonic()
+    if script:  # the script's moments count from the first trainer's start
+        while not chaos_faults.trainers(injector.mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        began = time.monotonic()
+    for kind, at, lasting in plan:
+        time.sleep(max(0.0, began + at - time.monotonic()))
+        run = stack.read(parent)
+        if run is not None and run.state.is_final() and not run.state.is_crashed():
+            break
+        fault = injector.inject(i, disk, kind, lasting)
+        if fault is not None:
+            faults.append(fault)
+    _watch(stack, parent, deadline)
+    injector.settle()
+    run = stack.final(parent, max(deadline - time.monotonic(), 60))
+    reruns, outcome = 0, {"parent": parent}
+    if run is not None and not run.state.is_completed() and any(f.kind == "disk-full" for f in faults):
+        outcome["failed_with"] = run.state.message
+        named = any(w in (run.state.message or "").lower() for w in ("disk", "space"))
+        _say(f"pipeline {i} ended {run.state.name} after a full disk ({'names' if named else 'does NOT name'} "
+             f"the disk); rerunning it")
+        reruns, outcome["rerun"] = 1, stack.start_pipeline(params)
+        _watch(stack, outcome["rerun"], time.monotonic() + opts.timeout_s)
+        run = stack.final(outcome["rerun"], opts.timeout_s)
+        if not named:
+            outcome.setdefault("problems", []).append(["error", f"the failure did not name the disk: "
+                                                                f"{outcome['failed_with']}"])
+    return outcome, run, faults, reruns
 
 
 def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: argparse.Namespace,
@@ -87,41 +125,9 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     params = settings(place / "root", place / "work")
     config = resolve_config("smoke", params)
     disk = chaos_faults.DiskFiller(place) if small else None
-    parent = stack.start_pipeline(params)
-    _say(f"pipeline {i}: flow run {parent}")
-    faults, trainers_seen = [], set()
-    deadline = time.monotonic() + opts.timeout_s
-    began = time.monotonic()
-    if script:  # the script's moments count from the first trainer's start
-        while not chaos_faults.trainers(injector.mark) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        began = time.monotonic()
-    for kind, at, lasting in plan:
-        while time.monotonic() < began + at:
-            trainers_seen |= {p.pid for p in chaos_faults.trainers(injector.mark)}
-            time.sleep(0.5)
-        run = stack.read(parent)
-        if run is not None and run.state.is_final() and not run.state.is_crashed():
-            break
-        fault = injector.inject(i, disk, kind, lasting)
-        if fault is not None:
-            faults.append(fault)
-    _watch(stack, parent, deadline, injector.mark, trainers_seen)
-    injector.settle()
-    run = stack.final(parent, max(deadline - time.monotonic(), 60))
-    reruns, outcome = 0, {"parent": parent}
-    if run is not None and not run.state.is_completed() and any(f.kind == "disk-full" for f in faults):
-        outcome["failed_with"] = run.state.message
-        named = any(w in (run.state.message or "").lower() for w in ("disk", "space"))
-        _say(f"pipeline {i} ended {run.state.name} after a full disk ({'names' if named else 'does NOT name'} "
-             f"the disk); rerunning it")
-        reruns, parent = 1, stack.start_pipeline(params)
-        outcome["rerun"] = parent
-        _watch(stack, parent, time.monotonic() + opts.timeout_s, injector.mark, trainers_seen)  # its trainers count too
-        run = stack.final(parent, opts.timeout_s)
-        if not named:
-            outcome.setdefault("problems", []).append(["error", f"the failure did not name the disk: "
-                                                                f"{outcome['failed_with']}"])
+    with chaos_faults.TrainersSeen(injector.mark) as seen:  # the rerun's trainers count too
+        outcome, run, faults, reruns = _under_faults(i, stack, injector, opts, plan, disk, params, script)
+    parent = outcome.get("rerun", outcome["parent"])
     findings = chaos_checks.Findings()
     if run is None:
         findings.problems.append(("hung", f"flow run {parent} not final after {opts.timeout_s:.0f} s"))
@@ -135,13 +141,13 @@ def run_pipeline(i: int, stack: Stack, injector: chaos_faults.Injector, opts: ar
     client = MlflowClient(stack.info["mlflow_url"])
     flow_runs = list(dict.fromkeys([outcome["parent"], parent]))  # the pipeline, then its rerun
     chaos_checks.check_mlflow(findings, client, config.tracking.experiment, flow_runs, STAGES, config.train.max_steps)
-    chaos_checks.check_bill(findings, layout.run_dir(config), len(trainers_seen), config.train.max_steps)
+    chaos_checks.check_bill(findings, layout.run_dir(config), len(seen.pids), config.train.max_steps)
     chaos_checks.check_lease(findings, layout.run_dir(config))
     chaos_checks.check_temp_files(findings, place / "root")
     if small:
         unmount(place)
     result = {"pipeline": i, **outcome, "completed": run is not None and run.state.is_completed(),
-              "reruns": reruns, "faults": [vars(f) for f in faults], "trainers": len(trainers_seen),
+              "reruns": reruns, "faults": [vars(f) for f in faults], "trainers": len(seen.pids),
               "own_filesystem": small,
               **findings.as_dict()}
     _say(f"pipeline {i}: {'completed' if result['completed'] else 'NOT completed'}; "

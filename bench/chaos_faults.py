@@ -109,6 +109,33 @@ def trainers(mark: str) -> list[psutil.Process]:
     return [p for p in soak_processes(mark) if "gpt2.train" in _cmdline(p) and "--config" in _cmdline(p)]
 
 
+class TrainersSeen:
+    """Every trainer process of the soak seen while it is open, sampled by a
+    thread of its own. The soak's own loop cannot do it: its reads of the
+    Prefect server wait while the server is frozen, and a whole trainer can
+    start and end meanwhile (the long soak once counted an attempt record
+    against no trainer seen, with the server paused for 96 s)."""
+
+    def __init__(self, mark: str, every_s: float = 0.5):
+        self.mark, self.every_s, self.pids = mark, every_s, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="trainers-seen", daemon=True)
+
+    def __enter__(self) -> "TrainersSeen":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.pids.update(p.pid for p in trainers(self.mark))  # a last look
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.pids.update(p.pid for p in trainers(self.mark))
+            self._stop.wait(self.every_s)
+
+
 def targets(state_dir: Path, mark: str) -> dict[str, list[tuple[str, psutil.Process]]]:
     """What each kind of target has now: (name, process) pairs."""
     found: dict[str, list[tuple[str, psutil.Process]]] = {kind: [] for kind in (*SERVICE_KINDS, *PROCESS_KINDS)}

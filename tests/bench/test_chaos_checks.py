@@ -220,3 +220,25 @@ def test_the_disk_fill_fills_twice_over_and_frees(tmp_path):
         filler.free()
     finally:
         unmount(disk)
+
+
+def test_a_trainer_that_lives_only_while_the_soak_waits_is_still_seen():
+    """The long soak counted an attempt record against no trainer seen: its loop
+    sampled trainers between its reads of the Prefect server, and those waited
+    (the server frozen for 96 s) while a whole trainer ran. The sampler is a
+    thread of its own."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from bench.chaos_faults import MARK_ENV, TrainersSeen
+
+    mark = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    with TrainersSeen(mark, every_s=0.1) as seen:
+        trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)", "gpt2.train", "--config"],
+                                   env={**os.environ, MARK_ENV: mark})
+        trainer.wait()  # the soak's loop, blocked meanwhile
+        stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)", "gpt2.train", "--config"])
+        stranger.wait()  # not the soak's: no mark
+    assert seen.pids == {trainer.pid}
