@@ -15,8 +15,8 @@ start_timeout_s to start (no worker, no machine: Scheduled, Late, Pending), when
 its job crashed before the flow ran (a pod that could not be scheduled, a job
 refused for its accelerators: Crashed, never Running), or when it was preempted
 max_preemptions times there. On the last rung it waits as a stage always did
-(runtime.stage_start_timeout_s), and a crash the automation does not reschedule
-fails the stage.
+(runtime.stage_start_timeout_s), and a crash that nothing reschedules within the
+grace fails the stage.
 """
 
 from __future__ import annotations
@@ -128,13 +128,14 @@ def verdict(history: list[State], rung: GpuPool, last: bool, now: float, stage_s
     if not last and taken >= rung.max_preemptions:
         return Verdict("leave", f"{rung.pool}: preempted {taken} times")
     if state.type == "CRASHED":
-        if not ran:
-            why = f"{rung.pool}: its job crashed before the flow ran ({state.message or 'no message'})"
-            return Verdict("failed" if last else "leave", why)
+        if not ran and not last:
+            return Verdict("leave", f"{rung.pool}: its job crashed before the flow ran ({state.message or 'no message'})")
         if now - state.timestamp < crash_grace_s:
-            return Verdict("wait")  # the reschedule automation acts within its 20 s
-        why = f"{rung.pool}: crashed and was not rescheduled ({state.message or 'no message'})"
-        return Verdict("failed" if last else "leave", why)
+            # The reschedule automation acts within its 20 s; on the last rung a run that crashed before
+            # it ever ran is started again by the backstops within the same budget (flows.reschedule).
+            return Verdict("wait")
+        why = "its job crashed before the flow ran" if not ran else "crashed and was not rescheduled"
+        return Verdict("failed" if last else "leave", f"{rung.pool}: {why} ({state.message or 'no message'})")
     since = waiting_since(history)
     timeout = stage_start_timeout_s if last else rung.start_timeout_s
     if since is not None and now - since > timeout:

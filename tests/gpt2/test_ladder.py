@@ -46,6 +46,19 @@ def test_a_job_that_crashed_before_the_flow_ran_leaves_at_once():
     assert left.action == "leave" and "crashed before the flow ran" in left.why and "status code 1" in left.why
 
 
+def test_on_the_last_rung_a_job_that_crashed_before_the_flow_ran_is_given_the_grace():
+    """Where there is no rung below, the backstops may start it again (its process
+    started while the Prefect server was away: flows.reschedule.unstarted_crashes);
+    failing the stage at once would leave that new attempt without its pipeline."""
+    crashed = [*states(("SCHEDULED", 0.0), ("PENDING", 5.0)),
+               ladder.State("CRASHED", "Crashed", 9.0, "Flow run infrastructure exited with non-zero status code 1")]
+    assert decide(crashed, last=True, now=60.0).action == "wait"
+    again = crashed + states(("SCHEDULED", 45.0), ("PENDING", 50.0), ("RUNNING", 55.0))
+    assert decide(again, last=True, now=60.0).action == "wait"
+    failed = decide(crashed, last=True, now=130.0)
+    assert failed.action == "failed" and "crashed before the flow ran" in failed.why
+
+
 def test_preemptions_are_counted_from_the_history_and_leave_at_the_rungs_cap():
     once = states(("SCHEDULED", 0), ("PENDING", 1), ("RUNNING", 2), ("CRASHED", 50), ("SCHEDULED", 70))
     assert ladder.preemptions(once) == 1
