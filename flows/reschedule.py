@@ -84,12 +84,15 @@ def unstarted_crashes(client: Any, run: FlowRun, counts: set[str]) -> int | None
     return crashes if crashes <= len(counts) else None
 
 
-def to_put_back(client: Any, run: FlowRun, counts: set[str]) -> tuple[bool, int | None]:
-    """(whether a backstop puts the crashed run back, and where it never ran: its crashes so far)."""
+def why_put_back(client: Any, run: FlowRun, counts: set[str], grace_s: float) -> str | None:
+    """Why a backstop puts the crashed run back (its state's message says it), or
+    None where neither the automation's rule nor unstarted_crashes' holds."""
     if the_automation_would(run, counts):
-        return True, None
-    unstarted = unstarted_crashes(client, run, counts)
-    return unstarted is not None, unstarted
+        return f"still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} did not act on"
+    crashes = unstarted_crashes(client, run, counts)
+    if crashes is None:
+        return None
+    return f"it crashed before it ever ran (crash {crashes}), which {RESCHEDULE_AUTOMATION} leaves alone"
 
 
 def grace_for(run: FlowRun, grace_s: float) -> float:
@@ -108,12 +111,8 @@ def propose(client: Any, run: FlowRun, state: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def put_back(client: Any, run: FlowRun, by: str, grace_s: float, unstarted: int | None = None) -> tuple[bool, str]:
-    """Set the run AwaitingRetry, as the automation does; (done, why not).
-    `unstarted`: the run crashed before it ever ran, this many times (unstarted_crashes)."""
-    why = (f"it crashed before it ever ran (crash {unstarted}), which {RESCHEDULE_AUTOMATION} leaves alone"
-           if unstarted else f"still Crashed {grace_s:.0f} s after the crash, which {RESCHEDULE_AUTOMATION} "
-                             "did not act on")
+def put_back(client: Any, run: FlowRun, by: str, why: str) -> tuple[bool, str]:
+    """Set the run AwaitingRetry, as the automation does, saying `why` (why_put_back); (done, why not)."""
     return propose(client, run, Scheduled(name="AwaitingRetry", message=(
         f"Rescheduled by {by}: {why}; resumes from its newest checkpoint.")))
 
@@ -133,16 +132,16 @@ def sweep(client: Any, grace_s: float = GRACE_S, now: datetime | None = None,
     for run in crashed:
         if crashed_for_s(run, now) < grace_for(run, grace_s):
             continue
-        wanted, unstarted = to_put_back(client, run, counts)
-        if not wanted:
+        why = why_put_back(client, run, counts, grace_s)
+        if why is None:
             continue
-        ok, why = put_back(client, run, "the stack's rescheduler", grace_s, unstarted)
+        ok, refused = put_back(client, run, "the stack's rescheduler", why)
         if ok:
             done.append(run.name)
-            say(f"flow run {run.name} ({run.id}) was still Crashed {crashed_for_s(run, now):.0f} s after its crash "
-                f"({run.state.message}); rescheduled it as {RESCHEDULE_AUTOMATION} would have")
+            say(f"flow run {run.name} ({run.id}) Crashed {crashed_for_s(run, now):.0f} s ago ({run.state.message}): "
+                f"rescheduled it, {why}")
         else:
-            say(f"flow run {run.name} could not be rescheduled: {why}")
+            say(f"flow run {run.name} could not be rescheduled: {refused}")
     return done
 
 

@@ -20,7 +20,6 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 
 from flows import child_progress, reschedule
-from flows.deployment_file import RESCHEDULE_AUTOMATION
 from gpt2 import ladder, layout, storage
 from gpt2.config import Config
 from gpt2.errors import UserError
@@ -171,19 +170,14 @@ def reschedule_in_its_place(run: FlowRun, grace_s: float) -> bool:
     miss a crash); or one that crashed before it ever ran, within the same
     budget (flows.reschedule.unstarted_crashes). Returns whether it rescheduled the run."""
     with get_client(sync_client=True) as client:
-        wanted, unstarted = reschedule.to_put_back(client, run, reschedule.automation_run_counts(client))
-        if not wanted:
+        why = reschedule.why_put_back(client, run, reschedule.automation_run_counts(client), grace_s)
+        if why is None:
             return False
-        done, why = reschedule.put_back(client, run, "the pipeline", grace_s, unstarted)
+        done, refused = reschedule.put_back(client, run, "the pipeline", why)
     if not done:
-        get_run_logger().warning("stage run %s could not be rescheduled: %s", run.name, why)
+        get_run_logger().warning("stage run %s could not be rescheduled: %s", run.name, refused)
         return False
-    if unstarted:
-        get_run_logger().warning("stage run %s crashed before it ever ran (%s; crash %d); started it again",
-                                 run.name, run.state.message, unstarted)
-    else:
-        get_run_logger().warning("stage run %s was still Crashed %.0f s after its crash; rescheduled it as %s would "
-                                 "have (%s)", run.name, grace_s, RESCHEDULE_AUTOMATION, run.state.message)
+    get_run_logger().warning("stage run %s crashed (%s); rescheduled it: %s", run.name, run.state.message, why)
     return True
 
 

@@ -64,11 +64,16 @@ def stage_run(config: Config, name: str, stage: str, parent_run_id: str | None =
     for each attempt (the preflight: each attempt checks another machine)."""
     own = flow_run_tags()
     match = None
-    if run_id is None and not per_attempt and "prefect.flow_run_id" in own and "'" not in name:
-        match = (f"attributes.run_name = '{name}' and tags.stage = '{stage}' "
-                 f"and tags.`prefect.flow_run_id` = '{own['prefect.flow_run_id']}'")
+    if run_id is None and not per_attempt and "prefect.flow_run_id" in own:
+        match = _runs_of(name, stage, f"tags.`prefect.flow_run_id` = '{own['prefect.flow_run_id']}'")
     return Tracker(config, name, run_id=run_id, parent_run_id=parent_run_id,
                    tags={"stage": stage, **own, **(tags or {})}, reopen_match=match)
+
+
+def _runs_of(name: str, stage: str, more: str) -> str | None:
+    """An MLflow filter for the runs of `stage` named `name` that also match
+    `more`; None for a name a filter cannot quote (then nothing is looked up)."""
+    return None if "'" in name else f"attributes.run_name = '{name}' and tags.stage = '{stage}' and {more}"
 
 
 def finished_stage_run(config: Config, name: str, stage: str) -> str | None:
@@ -77,8 +82,8 @@ def finished_stage_run(config: Config, name: str, stage: str) -> str | None:
     run of the same result. None when tracking is off, when there is none,
     or when the store cannot be asked at once (the stage then opens its run
     through the outbox, which waits out an outage, as before)."""
-    uri = default_tracking_uri(config)
-    if not config.tracking.enabled or "'" in name or not _answers_at_once(uri):
+    uri, finished = default_tracking_uri(config), _runs_of(name, stage, "attributes.status = 'FINISHED'")
+    if not config.tracking.enabled or finished is None or not _answers_at_once(uri):
         return None
     from mlflow import MlflowClient
 
@@ -87,8 +92,7 @@ def finished_stage_run(config: Config, name: str, stage: str) -> str | None:
         experiment = client.get_experiment_by_name(config.tracking.experiment)
         runs = [] if experiment is None else client.search_runs(
             [experiment.experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
-            filter_string=f"attributes.run_name = '{name}' and tags.stage = '{stage}' "
-                          "and attributes.status = 'FINISHED'")
+            filter_string=finished)
     except Exception as err:  # noqa: BLE001 - a lookup only: the stage opens a run of its own instead
         log.info("could not look up an earlier %s run in MLflow (%s); opening a new one", stage, redact(str(err)))
         return None
