@@ -29,13 +29,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2 import layout
 from gpt2.checkpoint import shares, store
 from gpt2.checkpoint.optim_share import is_sharded, state_share
 from gpt2.checkpoint.writer import CheckpointWriter
-from gpt2.config import ModelConfig
+from gpt2.config.presets import PRESETS
+from gpt2.config.sections import ModelConfig
 from gpt2.model import GPT
-from gpt2.presets import PRESETS
+from gpt2.root import layout
 from gpt2.train.optim import make_optimizer
 
 

@@ -22,7 +22,8 @@ import torch
 
 from gpt2.checkpoint.optim_share import state_share
 from gpt2.checkpoint.store import host_copy
-from gpt2.config import ModelConfig, TrainConfig
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
 from gpt2.train.optim import make_optimizer
 from gpt2.train.throughput import synchronize

@@ -36,10 +36,11 @@ import torch
 
 from bench import records
 from bench.corpus import build_corpus
-from gpt2 import figures_on_record
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import amp_dtype, distributed
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
+from gpt2.process.distributed import amp_dtype, distributed
+from gpt2.report import figures_on_record
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
 from gpt2.train.optim import lr_at, make_optimizer, set_lr
 from gpt2.train.step import StepContext, evaluate, train_step

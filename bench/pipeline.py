@@ -28,11 +28,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 def library_path(preset: str, root: Path, work: Path) -> float:
     """The four stages as direct library calls, no orchestration, no tracking."""
     from gpt2.checkpoint.ref import resolve_checkpoint
+    from gpt2.config.overrides import resolve_config
     from gpt2.data.prepare import prepare_data
     from gpt2.export.writer import export_checkpoint
     from gpt2.hellaswag.evaluate import evaluate_checkpoint
     from gpt2.launch.torchrun import train_stage
-    from gpt2.overrides import resolve_config
 
     config = resolve_config(preset, {"runtime.work_dir": str(work), "tracking.enabled": False}, root=str(root))
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """bench.train_step's record for `bench/results.jsonl`: its device, its
 throughput eager and compiled, and MFU. Where the records live, their
 provenance (commit, date) and adding one are the product's
-(gpt2.figures_on_record), which `gpt2 plan` and `gpt2 preflight` read and
+(gpt2.report.figures_on_record), which `gpt2 plan` and `gpt2 preflight` read and
 write too; every benchmark's `--record` goes through it.
 """
 
@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from gpt2.figures_on_record import commit
+from gpt2.report.figures_on_record import commit
 
 TRAIN_STEP_KEYS = ("date", "commit", "device", "torch", "bench", "micro_batch", "tok_s_eager", "tok_s_compiled",
                    "compiled_over_eager", "mfu", "gpus")

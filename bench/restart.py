@@ -24,10 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpt2 import figures_on_record, layout
 from gpt2.checkpoint import catalog
+from gpt2.config.overrides import resolve_config
 from gpt2.data.synthetic import random_tokens, write_dataset
-from gpt2.overrides import resolve_config
+from gpt2.report import figures_on_record
+from gpt2.root import layout
 from gpt2.train.attempts import read_attempts
 from gpt2.train.startup import PARTS
 

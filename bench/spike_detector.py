@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from bench.step_data import synthetic_loader
-from gpt2.distributed import DistEnv, amp_dtype
+from gpt2.config.overrides import resolve_config
 from gpt2.model import GPT
-from gpt2.overrides import resolve_config
+from gpt2.process.distributed import DistEnv, amp_dtype
 from gpt2.train.optim import make_optimizer
 from gpt2.train.spikes import SpikeDetector
 from gpt2.train.step import StepContext, train_step_with_flags
@@ -93,8 +93,8 @@ def _clean_run_zscores(steps: int, window: int, batch_tokens: int) -> dict[str, 
     """The largest upward z of the loss and the gradient norm over a clean smoke run."""
     import logging
 
-    from gpt2 import layout
     from gpt2.data.prepare import prepare_data
+    from gpt2.root import layout
     from gpt2.train.attempts import read_attempts
     from gpt2.train.run import train
 

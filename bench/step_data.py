@@ -14,7 +14,7 @@ from gpt2.data.llmc import write_shard
 from gpt2.data.loader import TrainLoader
 from gpt2.data.manifest import Manifest, ShardEntry
 from gpt2.data.shard_source import ShardSource
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
 
 WINDOWS = 4  # global batches in the shard before the loader wraps around to its start
 VOCAB = 50257

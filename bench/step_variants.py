@@ -30,9 +30,10 @@ import torch
 
 from bench.step_data import synthetic_loader
 from bench.train_step import _iteration, auto_batch, measure
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import amp_dtype, distributed
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
+from gpt2.process.distributed import amp_dtype, distributed
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import StepContext
 from gpt2.train.throughput import mfu, peak_flops, synchronize

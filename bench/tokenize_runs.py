@@ -62,8 +62,8 @@ def read_texts(path: Path):
 
 
 def run_project(corpus: Path, tmp: Path, workers: int) -> dict:
+    from gpt2.config.overrides import resolve_config
     from gpt2.data.prepare import prepare_data
-    from gpt2.overrides import resolve_config
 
     config = resolve_config("smoke", {
         "data.source": str(corpus), "data.name": "bench", "data.val_tokens": 1_000_000,

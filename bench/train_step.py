@@ -42,13 +42,15 @@ import torch.nn.functional as F
 
 from bench import records
 from bench.step_data import synthetic_loader
-from gpt2 import figures_on_record, layout
 from gpt2.checkpoint.writer import CheckpointWriter
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv, amp_dtype, autocast, distributed
+from gpt2.config.overrides import resolve_config
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
-from gpt2.overrides import resolve_config
-from gpt2.tracking import Tracker
+from gpt2.process.distributed import DistEnv, amp_dtype, autocast, distributed
+from gpt2.report import figures_on_record
+from gpt2.root import layout
+from gpt2.tracking.tracker import Tracker
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.step import StepContext, find_micro_batch, train_step

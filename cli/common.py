@@ -11,10 +11,10 @@ from typing import Any, Optional
 
 import typer
 
-from gpt2 import interrupts
-from gpt2.config import Config
-from gpt2.overrides import ConfigError, resolve_config
-from gpt2.presets import PRESETS
+from gpt2.config.overrides import ConfigError, resolve_config
+from gpt2.config.presets import PRESETS
+from gpt2.config.tree import Config
+from gpt2.process import signals
 from gpt2.secrets import redact
 
 PresetOpt = typer.Option("smoke", "--preset", "-p", help=f"Named preset: {', '.join(PRESETS)}.")
@@ -120,7 +120,7 @@ def temporary_server_outlives_ctrl_c() -> None:
 
     from prefect.server.api import server
 
-    from gpt2.child_process import terminate_with_parent
+    from gpt2.process.signals import terminate_with_parent
 
     run = server.SubprocessASGIServer._run_uvicorn_command
     if getattr(run, "own_session", False):
@@ -144,7 +144,7 @@ def check_root(config: Config) -> str | None:
     """The root, checked in about a second before any server starts: one
     that does not answer is named and ends the command; one that cannot be
     written returns why (flows.read_only answers finished work from it)."""
-    from gpt2 import layout, storage
+    from gpt2.root import layout, storage
 
     root = layout.root(config)
     if root.startswith("memory://"):  # this process's own: nothing to ask
@@ -310,7 +310,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     `runtime.root` override, which every flow, the parent included, accepts."""
     import importlib
 
-    from gpt2.overrides import parse_assignments
+    from gpt2.config.overrides import parse_assignments
 
     config = load_config(preset, sets, root)
     setup_logging()
@@ -318,7 +318,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     if unwritable:
         return config, _read_only_answer(entrypoint, config, unwritable, kwargs)
     prefect_env()
-    interrupts.watch()  # a Ctrl-C is kept in mind even where Prefect swallows it (gpt2.interrupts)
+    signals.watch()  # a Ctrl-C is kept in mind even where Prefect swallows it (gpt2.process.signals)
     announce_server()
     temporary_server_database(config)
     module, name = entrypoint.split(":")

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from cli.common import PresetOpt, RootOpt, SetOpt, load_config
-from gpt2.identity import data_fingerprint, train_fingerprint
+from gpt2.config.identity import data_fingerprint, train_fingerprint
 
 app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 

@@ -44,26 +44,27 @@ def plan(
     as_json: bool = JsonOpt,
 ) -> None:
     """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
-    from gpt2 import plan_actual, plan_ladder
+    from gpt2.cost import actual
+    from gpt2.cost.plan import make_plan
     from gpt2.errors import UserError
-    from gpt2.plan import make_plan
+    from gpt2.ladder import plan as ladder_plan
 
     config = load_config(preset, sets, root)
     nproc = config.runtime.nproc_per_node
     count = gpus if gpus is not None else (nproc if isinstance(nproc, int) else 1)
     try:
         if run:
-            config = plan_actual.run_config(config, run)
-            count = gpus or plan_actual.devices_of(config, run) or count
+            config = actual.run_config(config, run)
+            count = gpus or actual.devices_of(config, run) or count
         result = make_plan(config, gpu, count, price, mfu, list_source, session_hours)
-        result["actual"] = plan_actual.compare(config, result, run, plan_actual.price_per_device(config, price, count))
+        result["actual"] = actual.compare(config, result, run, actual.price_per_device(config, price, count))
     except UserError as err:
         fail(str(err))
     text = describe(result)
     if result.get("ladder"):
-        text += "\n" + plan_ladder.describe(result["ladder"])
+        text += "\n" + ladder_plan.describe(result["ladder"])
     if result["actual"] is not None:
-        text += "\n" + plan_actual.describe(result["actual"], result["steps"])
+        text += "\n" + actual.describe(result["actual"], result["steps"])
     emit(result, as_json, text)
 
 

@@ -39,7 +39,7 @@ def report(
 ) -> None:
     """Validation loss and HellaSwag of MLflow runs against tokens, in one PNG."""
     from gpt2.errors import UserError
-    from gpt2.tracking import default_tracking_uri
+    from gpt2.tracking.store import default_tracking_uri
     from tasks.runs_report import make_report
 
     config = load_config(preset, sets, root)

@@ -19,8 +19,7 @@ from typing import Optional
 
 import typer
 
-from cli.common import (JsonOpt, PresetOpt, RootOpt, SetOpt, VerboseOpt, emit, fail, load_config, run_flow,
-                        setup_logging)
+from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, VerboseOpt, emit, fail, load_config, run_flow, setup_logging
 from flows.summary import describe_bill, where_things_are
 
 FreshOpt = typer.Option(False, "--fresh", help="Delete this run's checkpoints and start over (default: resume).")
@@ -70,7 +69,7 @@ def train(
     config = load_config(preset, sets, root)
     setup_logging()
     from cli.common import check_root
-    from gpt2 import layout, storage
+    from gpt2.root import layout, storage
 
     # A bucket that does not answer is named before the manifest's check; a
     # root that cannot be written is answered from what it holds (run_flow).
@@ -93,7 +92,7 @@ def _check_device(config) -> None:
     before a pipeline's data stage has run for nothing)."""
     if config.runtime.device == "auto":
         return  # no torch import for the common case
-    from gpt2.distributed import DeviceUnavailable, check_device_available
+    from gpt2.process.distributed import DeviceUnavailable, check_device_available
 
     try:
         check_device_available(config.runtime.device)
@@ -154,7 +153,7 @@ def run(
     (or a rerun after a crash) only does what is missing."""
     config = load_config(preset, sets, root)
     if config.runtime.gpu_pools:
-        from gpt2.ladder import IN_PROCESS
+        from gpt2.ladder.rungs import IN_PROCESS
 
         fail(IN_PROCESS)
     _check_device(config)

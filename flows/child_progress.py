@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
+from gpt2.root import layout, storage
 
 EVERY_S = 60.0
 

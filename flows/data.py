@@ -17,8 +17,9 @@ from prefect.artifacts import create_table_artifact
 
 from flows.entry import flow_main
 from flows.stages import publish_result
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.identity import data_fingerprint
+from gpt2.config.overrides import resolve_config
+from gpt2.config.tree import Config
 from gpt2.data.disk import remove_intermediates
 from gpt2.data.download import download_ok, resolve_source
 from gpt2.data.llmc import ShardError
@@ -26,8 +27,7 @@ from gpt2.data.manifest import load_manifest
 from gpt2.data.prepare import summarize
 from gpt2.data.shard import local_shards_ok
 from gpt2.data.tokenized import tokenized_ok
-from gpt2.identity import data_fingerprint
-from gpt2.overrides import resolve_config
+from gpt2.root import layout, storage
 from tasks.common import bind, run_cached
 from tasks.data import download, shard, tokenize, upload
 from tasks.data_cluster import check_cluster, workers_read_source

@@ -102,15 +102,15 @@ def pull_steps() -> list[dict[str, Any]]:
 
 def missing_rungs(pools: list[str]) -> list[str]:
     """The deployments a ladder of GPU pools (runtime.gpu_pools) needs that
-    prefect.yaml lacks: every GPU stage's (gpt2.ladder.deployment) on each
+    prefect.yaml lacks: every GPU stage's (gpt2.ladder.rungs.deployment) on each
     rung's pool, each a copy of the `gpu` pool's deployment but for its pool."""
-    from gpt2 import ladder
+    from gpt2.ladder import rungs
 
     found = {spec["name"]: spec for spec in deployments()}
     missing = []
     for pool in pools:
-        for stage in ladder.FLOWS:
-            name = ladder.deployment(stage, pool).split("/", 1)[1]
+        for stage in rungs.FLOWS:
+            name = rungs.deployment(stage, pool).split("/", 1)[1]
             spec = found.get(name)
             if spec is None or spec["work_pool"]["name"] != pool:
                 missing.append(f"{name} (on work pool {pool})")

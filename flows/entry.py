@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from gpt2.overrides import ConfigError, parse_assignments
+from gpt2.config.overrides import ConfigError, parse_assignments
 
 
 def flow_main(flow_fn: Callable[..., dict[str, Any]], doc: str, **options: Any) -> None:

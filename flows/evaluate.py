@@ -17,11 +17,11 @@ from prefect import flow, get_run_logger
 from flows.entry import flow_main
 from flows.ladder import left_state
 from flows.stages import publish_result
-from gpt2 import storage
 from gpt2.checkpoint.ref import resolve_checkpoint
-from gpt2.config import Config
-from gpt2.overrides import resolve_config
-from gpt2.steps import steps_for_checkpoint
+from gpt2.config.overrides import resolve_config
+from gpt2.config.tree import Config
+from gpt2.data.epoch import steps_for_checkpoint
+from gpt2.root import storage
 from tasks.common import run_cached
 from tasks.evaluate import evaluate_hellaswag
 

@@ -13,12 +13,12 @@ from prefect import flow, get_run_logger
 
 from flows.entry import flow_main
 from flows.stages import publish_result
-from gpt2 import layout, storage
 from gpt2.checkpoint.ref import resolve_checkpoint
-from gpt2.config import Config
+from gpt2.config.overrides import resolve_config
+from gpt2.config.tree import Config
+from gpt2.data.epoch import steps_for_checkpoint
 from gpt2.export.writer import export_complete
-from gpt2.overrides import resolve_config
-from gpt2.steps import steps_for_checkpoint
+from gpt2.root import layout, storage
 from tasks.common import run_cached
 from tasks.export import export_checkpoint, register_model
 from tasks.registry import model_version_exists

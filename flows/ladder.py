@@ -4,7 +4,7 @@ deployments, states and the reschedule automation.
 
 For each rung in turn the parent starts the stage's deployment on that rung's
 pool (its own idempotency key per rung, so a restarted parent re-attaches) and
-watches the run's state history (gpt2.ladder.verdict decides). To leave a rung
+watches the run's state history (gpt2.ladder.moves.verdict decides). To leave a rung
 it, in this order: marks the run as left in the root (a run that starts anyway
 stops before it trains: flows.train, gpt2.train.run), records the rung left and
 why (a restarted parent skips it), cancels the run and waits for the cancel
@@ -24,9 +24,10 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Cancelling
 
-from gpt2 import ladder, layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.ladder import moves, rungs
+from gpt2.root import layout, storage
 
 POLL_S = 5.0
 CANCEL_WAIT_S = 60.0
@@ -50,8 +51,8 @@ def check_deployed(config: Config) -> None:
     problems = []
     with get_client(sync_client=True) as client:
         for rung in config.runtime.gpu_pools:
-            for stage in ladder.FLOWS:
-                name = ladder.deployment(stage, rung.pool)
+            for stage in rungs.FLOWS:
+                name = rungs.deployment(stage, rung.pool)
                 try:
                     found = client.read_deployment_by_name(name)
                 except ObjectNotFound:
@@ -80,9 +81,9 @@ def left_state(config: Config):
     return Cancelled(message=f"left by the ladder of GPU pools: {why}")
 
 
-def _history(client, run_id) -> list[ladder.State]:
+def _history(client, run_id) -> list[moves.State]:
     states = sorted(client.read_flow_run_states(run_id), key=lambda s: s.timestamp)
-    return [ladder.State(s.type.value, s.name or "", s.timestamp.timestamp(), s.message or "") for s in states]
+    return [moves.State(s.type.value, s.name or "", s.timestamp.timestamp(), s.message or "") for s in states]
 
 
 def _cancel(client, run: FlowRun, why: str) -> None:
@@ -136,7 +137,7 @@ def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[
         try:
             with get_client(sync_client=True) as client:
                 run = client.read_flow_run(run_id)
-                decided = ladder.verdict(_history(client, run_id), rung, last, time.time(),
+                decided = moves.verdict(_history(client, run_id), rung, last, time.time(),
                                          config.runtime.stage_start_timeout_s, grace_s)
                 _sweep(client, left)
             away_since = None
@@ -178,7 +179,7 @@ def run_on_ladder(stage: str, config: Config, parameters: dict[str, Any], parent
     for i, rung in enumerate(rungs):
         if any(entry["pool"] == rung.pool for entry in left):
             continue  # left before this parent's restart
-        name = ladder.deployment(stage, rung.pool)
+        name = rungs.deployment(stage, rung.pool)
         child = run_deployment(name, parameters=_parameters(config, parameters, bool(left)), timeout=0,
                                idempotency_key=f"{parent_key}:{stage}:{rung.pool}", as_subflow=True)
         logger.info("stage %s: flow run %s on rung %d/%d, work pool %s (deployment %s)", stage, child.name,

@@ -24,14 +24,17 @@ from prefect.runtime import deployment, flow_run
 from flows.entry import flow_main
 from flows.stages import run_stage_deployment, stage_overrides
 from flows.summary import where_things_are
-from gpt2 import bill, interrupts, ladder, layout, storage
-from gpt2.config import Config
+from gpt2.config.overrides import resolve_config
+from gpt2.config.tree import Config
+from gpt2.data.epoch import EPOCH, with_resolved_steps
 from gpt2.errors import UserError
-from gpt2.overrides import resolve_config
+from gpt2.ladder import rungs
+from gpt2.process import signals
+from gpt2.root import layout, storage
 from gpt2.secrets import redact
-from gpt2.steps import EPOCH, with_resolved_steps
-from gpt2.tracking import Tracker
-from gpt2.tracking_ui import ui_link
+from gpt2.tracking.experiment import ui_link
+from gpt2.tracking.tracker import Tracker
+from gpt2.train import bill
 from tasks.tracking import stage_run
 
 STAGES = ("data", "train", "evaluate", "export")
@@ -66,14 +69,14 @@ def check_ladder(config: Config) -> None:
     if not config.runtime.gpu_pools:
         return
     if not deployment.id:
-        raise LadderInProcess(ladder.IN_PROCESS)
+        raise LadderInProcess(rungs.IN_PROCESS)
     from flows.ladder import check_deployed
 
     check_deployed(config)
 
 
 def _run_stage(stage: str, config: Config, params: dict[str, Any], parent_run_id: str | None) -> dict[str, Any]:
-    interrupts.stop_if_requested()  # a Ctrl-C Prefect swallowed as the last stage ended stops here
+    signals.stop_if_requested()  # a Ctrl-C Prefect swallowed as the last stage ended stops here
     if deployment.id:  # on the work pools: each stage as its own deployment
         stage_params = {**params, "overrides": stage_overrides(config, params["overrides"]),
                         "parent_run_id": parent_run_id}
@@ -149,7 +152,7 @@ def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> 
 
 
 def pipeline_bill(config: Config, results: dict[str, dict[str, Any]], seconds: dict[str, float]) -> dict[str, Any]:
-    """What this pipeline run spent (gpt2.bill): the training run's bill when it
+    """What this pipeline run spent (gpt2.train.bill): the training run's bill when it
     trained here, evaluate on one GPU, data and export on the CPU machine; a
     cached stage ran nothing and adds nothing."""
     hours = {s: bill.stage_hours(seconds[s], bool(results[s].get("cached"))) for s in STAGES}
@@ -157,7 +160,7 @@ def pipeline_bill(config: Config, results: dict[str, dict[str, Any]], seconds: d
     # On a ladder, evaluate is priced at the rung it completed on (the waits on rungs it left ran nothing).
     evaluated_on = (results["evaluate"].get("rungs") or [{}])[-1].get("pool")
     return bill.pipeline_bill(train, hours["data"] + hours["export"], hours["evaluate"],
-                              ladder.price_for(config, evaluated_on), config.runtime.cpu_price_per_hour,
+                              rungs.price_for(config, evaluated_on), config.runtime.cpu_price_per_hour,
                               evaluated_on)
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
+from gpt2.data.epoch import steps_for_checkpoint, with_resolved_steps
 from gpt2.errors import UserError
-from gpt2.steps import steps_for_checkpoint, with_resolved_steps
+from gpt2.root import layout, storage
 
 
 class NotAnswered(UserError):
@@ -148,8 +148,8 @@ def _train_run_link(config: Config, run_id: str | None) -> str | None:
     written): the pipeline wrote no run of its own to link to."""
     from mlflow import MlflowClient
 
-    from gpt2.tracking import default_tracking_uri
-    from gpt2.tracking_ui import ui_link
+    from gpt2.tracking.experiment import ui_link
+    from gpt2.tracking.store import default_tracking_uri
 
     uri = default_tracking_uri(config)
     try:

@@ -8,7 +8,7 @@ ordering holds a Crashed event that follows a Running event from before the
 restart for 15 minutes (Prefect 3.9, prefect.server.events.ordering); on
 SQLite under load an event whose processing hit a locked database can be
 dropped, and the event that follows it then waits for a leader that never
-comes. The fault soak found both (bench/chaos.py): a stage left Crashed
+comes. The fault soak found both (bench/soak/run.py): a stage left Crashed
 failed its pipeline, and a pipeline's own parent, killed while the server
 was busy, stayed Crashed for good.
 

@@ -20,11 +20,12 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 
 from flows import child_progress, reschedule
-from gpt2 import ladder, layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.ladder import rungs
+from gpt2.root import layout, storage
 from gpt2.secrets import redact, url_has_credentials
-from gpt2.tracking import default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
 
 # Stage name -> deployment (prefect.yaml is the single source of these).
 DEPLOYMENTS = {
@@ -76,9 +77,9 @@ def check_root_reachable(config: Config) -> None:
     if layout.local_root(config) is None:
         return
     elsewhere = []
-    rungs = [(stage, ladder.deployment(stage, rung.pool)) for rung in config.runtime.gpu_pools for stage in ladder.FLOWS]
+    on_rungs = [(stage, rungs.deployment(stage, rung.pool)) for rung in config.runtime.gpu_pools for stage in rungs.FLOWS]
     with get_client(sync_client=True) as client:
-        for stage, name in [*DEPLOYMENTS.items(), *rungs]:
+        for stage, name in [*DEPLOYMENTS.items(), *on_rungs]:
             pool = client.read_work_pool(client.read_deployment_by_name(name).work_pool_name)
             if pool.type != "process":
                 elsewhere.append(f"{stage} (work pool {pool.name}, type {pool.type})")
@@ -188,12 +189,12 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
     (flows.ladder), with the rungs it tried in the result's `rungs`."""
     check_root_reachable(config)
     tick = child_progress.reporter(stage, config, get_run_logger().info)
-    if config.runtime.gpu_pools and stage in ladder.FLOWS:
+    if config.runtime.gpu_pools and stage in rungs.FLOWS:
         from flows.ladder import run_on_ladder
 
         run, left = run_on_ladder(stage, config, parameters, parent_key, grace_s, tick)
-        rungs = [{"pool": e["pool"], "left": e["why"], "flow_run": e["flow_run"]} for e in left]
-        return {**_result(stage, config, run), "rungs": rungs + [{"pool": run.work_pool_name, "left": None,
+        tried = [{"pool": e["pool"], "left": e["why"], "flow_run": e["flow_run"]} for e in left]
+        return {**_result(stage, config, run), "rungs": tried + [{"pool": run.work_pool_name, "left": None,
                                                                    "flow_run": run.name}]}
     child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from gpt2.config import Config
-from gpt2.reference_lines import HELLASWAG_GPT2
+from gpt2.config.tree import Config
+from gpt2.report.reference_lines import HELLASWAG_GPT2
 
 
 def describe_bill(bill: dict[str, Any] | None) -> str:
-    """One line of the bill (gpt2.bill; docs/plan.md, "What a run cost", says what each figure means)."""
+    """One line of the bill (gpt2.train.bill; docs/plan.md, "What a run cost", says what each figure means)."""
     if not bill:
         return "bill: (not recorded)"
     cost = f"{bill['cost']:,.2f}" if bill.get("cost") is not None else "unknown (set runtime.price_per_hour)"
@@ -81,12 +81,12 @@ def describe_report(result: dict[str, Any]) -> list[str]:
 
 def where_things_are(config: Config, result: dict[str, Any]) -> str:
     from gpt2.secrets import redact
-    from gpt2.tracking import default_tracking_uri
+    from gpt2.tracking.store import default_tracking_uri
 
     hs = result.get("hellaswag") or {}
     cached = ", ".join(result["cached_stages"]) or "none"
     uri = redact(default_tracking_uri(config))
-    link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking_ui.ui_link)
+    link = result.get("mlflow_url") or uri  # the run itself in the runs view (gpt2.tracking.experiment.ui_link)
     # Shell-quoted: a root with a space (or any shell character) pastes as one argument.
     ui = f"mlflow ui --backend-store-uri {shlex.quote(uri)}  # then open {link}" if uri.startswith("sqlite:") else link
     lines = [

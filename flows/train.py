@@ -22,13 +22,13 @@ from prefect.runtime import flow_run
 from flows.entry import flow_main
 from flows.ladder import left_state
 from flows.stages import publish_result
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.checkpoint.lease import Lease
-from gpt2.config import Config
+from gpt2.config.overrides import resolve_config
+from gpt2.config.tree import Config
+from gpt2.data.epoch import with_resolved_steps
 from gpt2.data.manifest import load_manifest
-from gpt2.overrides import resolve_config
-from gpt2.steps import with_resolved_steps
+from gpt2.root import layout, storage
 from tasks.common import bind, run_cached
 from tasks.tracking import flow_run_tags
 from tasks.train import train as train_task

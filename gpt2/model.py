@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from gpt2.config import ModelConfig
+from gpt2.config.sections import ModelConfig
 
 
 class CausalSelfAttention(nn.Module):

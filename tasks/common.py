@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from prefect.tasks import Task
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.root import layout
 from tasks.results import RootJSONSerializer, RootResultStorage
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def _package_version() -> str:
         return "dev"
 
 
-# What changes results is versioned in gpt2.identity (*_FORMAT_VERSION enter
+# What changes results is versioned in gpt2.config.identity (*_FORMAT_VERSION enter
 # every fingerprint and path); the package version joins the key so a release
 # re-validates its caches (steps are idempotent, so that costs seconds).
 CODE_VERSION = _package_version()

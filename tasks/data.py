@@ -1,6 +1,6 @@
 """Prefect tasks of the data stage: each calls one step of `gpt2.data`.
 
-Each is cached on its own step's identity (gpt2.identity.data_step_fingerprint)
+Each is cached on its own step's identity (gpt2.config.identity.data_step_fingerprint)
 + code version, so a new shard size re-shards without re-tokenizing;
 runtime settings such as `runtime.num_workers` do not enter the key.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from prefect import task
 
-from gpt2.config import Config
+from gpt2.config.identity import data_step_fingerprint
+from gpt2.config.tree import Config
 from gpt2.data.download import download_source
 from gpt2.data.shard import LocalShards, shard_tokens
 from gpt2.data.sources import SourceFiles
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.tokenized import Tokenized
 from gpt2.data.upload import upload_shards
-from gpt2.identity import data_step_fingerprint
 from tasks.common import ProgressArtifact, identity_cache_key, not_user_error
 from tasks.data_cluster import unit_executor
 

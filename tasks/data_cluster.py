@@ -14,7 +14,7 @@ The tokenize step stays one cached Prefect task; `UnitExecutor.map` opens a
 DaskTaskRunner for the step's duration only (a cached step never connects)
 and submits one `tokenize-unit` task per unit, so each unit is a task run in
 the UI under the step. Workers cannot write into this machine's work dir, so
-they write under the artifact root (gpt2.layout.unit_staging_dir), which
+they write under the artifact root (gpt2.root.layout.unit_staging_dir), which
 every worker reaches; gpt2.data.tokenize fetches finished units from there.
 A worker that dies mid-unit (killed, lost machine) costs that unit only:
 Dask runs it again on another worker, and units are idempotent.
@@ -34,13 +34,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data import sources
 from gpt2.data.process_pool import default_workers
 from gpt2.data.units import tokenize_unit
 from gpt2.data.work_unit import Unit, UnitResult
 from gpt2.errors import UserError
+from gpt2.root import layout
 from tasks.common import not_user_error
 
 log = logging.getLogger(__name__)

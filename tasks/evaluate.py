@@ -8,9 +8,9 @@ from typing import Any
 from prefect import task
 
 from gpt2.checkpoint.ref import CheckpointRef
-from gpt2.config import Config
+from gpt2.config.identity import eval_fingerprint
+from gpt2.config.tree import Config
 from gpt2.hellaswag import evaluate as evaluation
-from gpt2.identity import eval_fingerprint
 from tasks.common import CODE_VERSION, not_user_error
 from tasks.tracking import checkpoint_tags, stage_run
 

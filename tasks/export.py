@@ -10,11 +10,11 @@ from typing import Any
 
 from prefect import task
 
-from gpt2 import storage
 from gpt2.checkpoint.ref import CheckpointRef
-from gpt2.config import Config
+from gpt2.config.identity import export_files_fingerprint, register_fingerprint
+from gpt2.config.tree import Config
 from gpt2.export import writer
-from gpt2.identity import export_files_fingerprint, register_fingerprint
+from gpt2.root import storage
 from tasks.common import CODE_VERSION, not_user_error
 from tasks.registry import register_hf_model
 from tasks.tracking import checkpoint_tags, stage_run

@@ -10,9 +10,9 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.preflight.child import PreflightFailed, run_child
+from gpt2.root import layout
 from tasks.tracking import stage_run
 
 

@@ -9,7 +9,7 @@ prompt and the answer within the model's positions, and the model card is the
 version's description.
 
 Synchronous on purpose (the stage reports the version number), so it talks to
-MLflow directly rather than through the queued `gpt2.tracking.Tracker`; it
+MLflow directly rather than through the queued `gpt2.tracking.tracker.Tracker`; it
 logs into the tracker's run.
 """
 
@@ -19,9 +19,10 @@ import logging
 import os
 from pathlib import Path
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.secrets import redact
-from gpt2.tracking import Tracker, default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

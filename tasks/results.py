@@ -26,10 +26,10 @@ from prefect.filesystems import WritableFileSystem
 from prefect.serializers import Serializer
 from pydantic import TypeAdapter
 
-from gpt2 import storage
 from gpt2.data.shard import LocalShards
 from gpt2.data.sources import SourceFiles
 from gpt2.data.tokenized import Tokenized
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """The runs report: training runs read back from MLflow, drawn by
-gpt2.run_comparison into one PNG, optionally logged to a pipeline's parent run.
+gpt2.report.comparison into one PNG, optionally logged to a pipeline's parent run.
 What `gpt2 report` and the parent flow's last step call; it never imports
 Prefect, so the command starts quickly.
 
     report = make_report(uri, "gpt2", ["smoke-1a2b3c4d5e6f"], Path("report.png"))
 
 Talks to MLflow directly (reads, and one artifact), not through the queued
-gpt2.tracking.Tracker: the report needs the answers now.
+gpt2.tracking.tracker.Tracker: the report needs the answers now.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpt2 import layout
 from gpt2.errors import UserError
-from gpt2.run_comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, figure_data
-from gpt2.run_figure import draw_figure
-from gpt2.reference_lines import HELLASWAG_ITEMS, dataset_of
+from gpt2.report.comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, figure_data
+from gpt2.report.figure import draw_figure
+from gpt2.report.reference_lines import HELLASWAG_ITEMS, dataset_of
+from gpt2.root import layout
 from gpt2.secrets import redact
-from gpt2.tracking import Tracker
+from gpt2.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.secrets import redact
-from gpt2.tracking import Tracker, default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.tracker import Tracker
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Prefect task of the training stage: calls `gpt2.launch.torchrun.train_stage`.
 
-Cached on the training identity (gpt2.identity.train_fingerprint) + code
+Cached on the training identity (gpt2.config.identity.train_fingerprint) + code
 version. Retrying is always safe because training resumes from the newest
 checkpoint; errors that a retry cannot fix (NaN loss, loss spikes past
 train.max_rollbacks, out of memory, a bad batch shape, a failed preflight: tasks.preflight) and preemption (the process is going away) are not retried.
@@ -17,15 +17,15 @@ import signal
 from prefect import get_run_logger, task
 from prefect.exceptions import TerminationSignal
 
-from gpt2 import layout
-from gpt2.compile_cache import SECRET_ENV
-from gpt2.config import Config
-from gpt2.distributed import pick_device
-from gpt2.identity import train_fingerprint
-from gpt2.ladder import LeftRung
+from gpt2.config.identity import train_fingerprint
+from gpt2.config.tree import Config
+from gpt2.data.epoch import with_resolved_steps
+from gpt2.ladder.rungs import LeftRung
 from gpt2.launch.torchrun import train_stage
 from gpt2.preflight.child import PreflightFailed
-from gpt2.steps import with_resolved_steps
+from gpt2.process.distributed import pick_device
+from gpt2.root import layout
+from gpt2.train.compile_cache import SECRET_ENV
 from gpt2.train.compile_choice import resolve_compile
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import Preempted
@@ -34,7 +34,7 @@ from tasks.common import ProgressArtifact, identity_cache_key
 from tasks.preflight import preflight_first
 
 COMPILE_SECRET_BLOCK = "gpt2-compile-cache"
-"""The Prefect Secret block holding the key that signs compiled programs (gpt2.compile_cache)."""
+"""The Prefect Secret block holding the key that signs compiled programs (gpt2.train.compile_cache)."""
 
 
 def share_compile_secret(config: Config) -> None:

@@ -28,7 +28,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from gpt2.overrides import resolve_config  # noqa: E402
+from gpt2.config.overrides import resolve_config  # noqa: E402
 
 pytest_plugins = ["pytester", "tests.cpu_report"]  # tests of our own fixtures (test_outbox); --cpu-report=N
 
@@ -161,7 +161,7 @@ def outboxes_stop_with_their_test():
     """A tracker a test left open stops sending when the test ends: its
     thread would otherwise go on retrying a server the test already stopped,
     and log after pytest closed the stream it logs to ("--- Logging error ---")."""
-    from gpt2 import outbox
+    from gpt2.tracking import outbox
 
     before = set(map(id, outbox.running()))
     yield

@@ -6,7 +6,11 @@ library, flows/ the tasks, cli/ the flows; bench/ may import any, and nothing im
 
 A package's `__init__.py` is a module like any other: an import of `pkg.mod` is an edge to
 `pkg.mod` only (Python runs `pkg/__init__.py` first, but that is no circle unless the `__init__`
-itself imports back)."""
+itself imports back).
+
+The library's packages stack too: gpt2's packages, each named for a concept (gpt2.config,
+gpt2.train, gpt2.data, ...), import each other one way, so a circle between two packages is found
+even where no two of their modules form one (a.x imports b.y, b.z imports a.w)."""
 
 from __future__ import annotations
 
@@ -93,6 +97,41 @@ def _describe(circle: list[str], graph: dict[str, dict[str, int]], root: Path) -
     return " -> ".join(steps + [circle[-1]])
 
 
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
+    """package -> {package it imports: one "module -> module" that does}, each module standing for
+    its folder's direct child (gpt2.config.tree for gpt2.config; gpt2.model for itself)."""
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    packages: dict[str, dict[str, str]] = {}
+    for a, edges in graph.items():
+        out = packages.setdefault(package(a), {})
+        for b in edges:
+            if package(b) != package(a):
+                out.setdefault(package(b), f"{a} -> {b}")
+    return packages
+
+
+def test_no_import_circle_among_the_librarys_packages():
+    packages = package_graph(import_graph(PROJECT, ("gpt2",)))
+    assert {"gpt2.config", "gpt2.train", "gpt2.root", "gpt2.tracking"} <= set(packages)  # the walk sees them
+    circles = import_cycles({p: dict.fromkeys(edges, 0) for p, edges in packages.items()})
+    assert not circles, "package circles (move the definition both sides need below both):\n" + "\n".join(
+        " -> ".join(f"{a} ({packages[a][b]})" for a, b in zip(c, c[1:])) for c in circles)
+
+
+def test_the_library_root_holds_few_modules_and_no_prefix_family():
+    """gpt2/'s root holds a handful of single-file concepts beside its packages; a row of modules
+    sharing a prefix (config_train.py, config_data.py) is a package in disguise."""
+    modules = sorted(p.stem for p in (PROJECT / "gpt2").glob("*.py") if p.stem != "__init__")
+    assert len(modules) <= 6, f"gpt2/ holds {len(modules)} loose modules: {modules}; gather them into packages"
+    prefixes = [m.split("_")[0] for m in modules]
+    shared = sorted({p for p in prefixes if prefixes.count(p) > 1})
+    assert not shared, f"modules of gpt2/ that share a prefix (make each a package): {shared}"
+    packages = [p.name for p in (PROJECT / "gpt2").iterdir() if (p / "__init__.py").exists()]
+    assert not set(modules) & set(packages)
+
+
 def test_no_import_circle_among_the_projects_modules():
     graph = import_graph(PROJECT)
     assert len(graph) > 150 and sum(map(len, graph.values())) > 500  # the walk sees the project at all
@@ -133,3 +172,30 @@ def test_a_circle_is_found_however_it_is_hidden(tmp_path):
     assert set(circle) == {"lib.a", "lib.b", "lib.c"} and circle[0] == circle[-1]
     assert _describe(["lib.a", "lib.b", "lib.c", "lib.a"], graph, tmp_path) == (
         "lib.a (lib/a.py:1) -> lib.b (lib/b.py:2) -> lib.c (lib/c.py:3) -> lib.a")
+
+
+def test_a_circle_between_packages_is_found_where_no_modules_form_one(tmp_path):
+    files = {
+        "lib/__init__.py": "", "lib/one/__init__.py": "", "lib/two/__init__.py": "",
+        "lib/one/x.py": "from lib.two.y import f\n",
+        "lib/two/y.py": "def f():\n    pass\n",
+        "lib/two/z.py": "from lib.one import w\n",
+        "lib/one/w.py": "",
+        "lib/leaf.py": "import lib.one.x\n",
+        # a circle through a third package, closed by an import in a function
+        "lib/three/__init__.py": "", "lib/four/__init__.py": "",
+        "lib/three/p.py": "from lib import four\n",
+        "lib/four/q.py": "def g():\n    import lib.three.r\n",
+        "lib/three/r.py": "",
+        "lib/four/__main__.py": "from lib.four import q\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path, ("lib",))
+    assert not import_cycles(graph)
+    packages = package_graph(graph)
+    assert packages["lib.one"] == {"lib.two": "lib.one.x -> lib.two.y"} and packages["lib.leaf"] == {
+        "lib.one": "lib.leaf -> lib.one.x"}
+    circles = import_cycles({p: dict.fromkeys(e, 0) for p, e in packages.items()})
+    assert sorted(sorted(set(c)) for c in circles) == [["lib.four", "lib.three"], ["lib.one", "lib.two"]]

@@ -66,10 +66,10 @@ def _runs_page(mlflow_url: str, root: str) -> str:
     """The experiment's runs table on the stack's MLflow (the experiment is made
     now if new, as the stages would make it), so a fresh browser opens on the
     training runs rather than MLflow's GenAI view; the bare URL if that fails."""
-    from gpt2 import layout
-    from gpt2.config import Config, RuntimeConfig
-    from gpt2.tracking_ui import ui_link
-    from gpt2.tracking_experiment import ensure_experiment
+    from gpt2.config.runtime import RuntimeConfig
+    from gpt2.config.tree import Config
+    from gpt2.root import layout
+    from gpt2.tracking.experiment import ensure_experiment, ui_link
 
     config = Config(runtime=RuntimeConfig(root=root))
     found: dict = {}

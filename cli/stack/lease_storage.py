@@ -10,7 +10,7 @@ flow's next renewal fails and Prefect's engine cancels the run ("Concurrency
 lease renewal failed - slots are no longer reserved. Terminating execution"),
 and a run being started is Cancelled ("Deployment concurrency slot lost during
 provisioning"), its slot still counted as taken. The fault soak found the
-second (bench/chaos.py). Prefect's own file-based storage keeps them; this
+second (bench/soak/run.py). Prefect's own file-based storage keeps them; this
 only puts its files under the stack's directory instead of ~/.prefect, so
 two stacks (or a stack and another server) never read each other's leases.
 

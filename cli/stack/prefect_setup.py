@@ -62,7 +62,7 @@ def isolated_env(home: Path) -> dict[str, str]:
     everything else (a smoke step ran 20x slower that way); a user's own
     OMP_NUM_THREADS is kept. The cache stays this user's: with a fresh HOME
     each stack would otherwise copy the migrated empty databases new stacks
-    start from (gpt2.seeded_store) again, which a user's machine does once."""
+    start from (gpt2.tracking.store) again, which a user's machine does once."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PREFECT_") and k not in ("GPT2_STACK_DIR", "MLFLOW_TRACKING_URI")}
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

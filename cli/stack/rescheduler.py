@@ -10,7 +10,7 @@ machines dropped, level-triggered, every 15 s.
   waiting on it waits for its whole start timeout. On the stack a process
   worker starts a run's process within seconds, so a run still Pending that
   went Pending before its pool's current worker started was taken by a worker
-  that is gone. Found by the fault soak (bench/chaos.py): a worker SIGTERMed
+  that is gone. Found by the fault soak (bench/soak/run.py): a worker SIGTERMed
   while it submitted a pipeline's data stage.
 """
 

@@ -96,8 +96,8 @@ def default_root() -> str:
     """Where the deployments write by default: the config's default root,
     resolved in the project directory that prefect.yaml's pull step moves
     each flow run into."""
-    from gpt2 import storage
-    from gpt2.config import RuntimeConfig
+    from gpt2.config.runtime import RuntimeConfig
+    from gpt2.root import storage
 
     root = RuntimeConfig().root
     if root.startswith("file://") and not Path(root[len("file://"):]).is_absolute():
@@ -112,8 +112,8 @@ def _mlflow_store(root: str, state_dir: Path) -> tuple[str, str]:
     embedded default (gpt2.tracking) writes for that root, so the server shows
     every run of that root, whether it was logged through the server or not.
     """
-    from gpt2 import storage
-    from gpt2.tracking import seed_sqlite_store
+    from gpt2.root import storage
+    from gpt2.tracking.store import seed_sqlite_store
 
     # By scheme: instantiating a cloud filesystem may probe for credentials.
     path = Path(root[len("file://"):]) if root.startswith("file://") else None
@@ -163,13 +163,13 @@ def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> d
 
 def seed_prefect_db(path: Path) -> None:
     """A Prefect database that does not exist yet starts as a migrated empty
-    copy (gpt2.seeded_store): the server's own migrations take ~25 s of a
+    copy (gpt2.tracking.store): the server's own migrations take ~25 s of a
     fresh `gpt2 stack up` otherwise."""
     import prefect
 
-    from gpt2 import seeded_store
+    from gpt2.tracking import store
 
-    seeded_store.seed(path, f"prefect-{prefect.__version__}-empty.db", _migrate_prefect_db)
+    store.seed(path, f"prefect-{prefect.__version__}-empty.db", _migrate_prefect_db)
 
 
 def _migrate_prefect_db(path: Path) -> None:
@@ -207,7 +207,7 @@ def _start_mlflow(state: dict[str, Any], state_dir: Path, env: dict[str, str], p
 def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], auth: str,
                    pools: list[str] | None = None) -> None:
     """Start one worker per pool that has one (`pools`: only these)."""
-    from gpt2.config import ROOT_ENV
+    from gpt2.config.runtime import ROOT_ENV
 
     # The worker hands its Prefect settings (auth string included) on to each flow run it starts.
     worker_env = {**env, **prefect_setup.client_env(state["prefect_api_url"], auth),
@@ -296,7 +296,7 @@ def describe_pools(pools: dict[str, bool]) -> str:
 def _start(state_dir: Path, root: str | None, watch: tuple[int, int], say: Callable[[str], None],
            pools: dict[str, bool]) -> dict[str, Any]:
     """`watch`: (max_reschedules, zombie_after_s) for the automations."""
-    from gpt2 import storage
+    from gpt2.root import storage
 
     state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(),
                              "project_dir": str(deployment_file.PROJECT_DIR), "state_dir": str(state_dir),
@@ -394,11 +394,11 @@ WORKER_STOP_MARGIN_S = 15.0
 def stop_timeout(name: str) -> float:
     """How long `down` waits between SIGTERM and SIGKILL: a worker's flow runs
     may be training, and a trainer told to stop gets the launcher's whole window
-    for its checkpoint (gpt2.kill_window.kill_window on a process pool);
+    for its checkpoint (gpt2.process.kill_window.kill_window on a process pool);
     a SIGKILL before it ends loses the steps since the last periodic one."""
     if not name.startswith("worker"):
         return processes.STOP_S
-    from gpt2.kill_window import kill_window  # imported only when stopping, as the rest of gpt2 is here
+    from gpt2.process.kill_window import kill_window  # imported only when stopping, as the rest of gpt2 is here
 
     return kill_window(distributed=False, pool="process")[0] + WORKER_STOP_MARGIN_S
 

@@ -1,8 +1,8 @@
 """MkDocs hook: the configuration and CLI references, generated from the code at build time.
 
 `reference/configuration.md` walks the typed config tree (gpt2.config): every key with its type,
-default, allowed range, the identities it enters (gpt2.identity) and its attribute docstring, and
-its value in each preset (gpt2.presets) where the presets differ. `reference/cli.md` is typer's own
+default, allowed range, the identities it enters (gpt2.config.identity) and its attribute docstring, and
+its value in each preset (gpt2.config.presets) where the presets differ. `reference/cli.md` is typer's own
 Markdown for the `gpt2` command (cli.main). Neither page exists in the repository, so neither can
 drift from the code. Named in mkdocs.yml (`hooks:`); `mkdocs build --strict` runs it.
 """
@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # the docs build from a checkout; the project need not be installed
     sys.path.insert(0, str(REPO))
 
-from gpt2 import identity  # noqa: E402
-from gpt2.config import Config  # noqa: E402
-from gpt2.presets import PRESETS  # noqa: E402
+from gpt2.config import identity  # noqa: E402
+from gpt2.config.presets import PRESETS  # noqa: E402
+from gpt2.config.tree import Config  # noqa: E402
 
 CONFIG_PAGE = "reference/configuration.md"
 CLI_PAGE = "reference/cli.md"
@@ -92,7 +92,7 @@ def _default(field) -> str:
 
 
 def role(section: str, key: str) -> str:
-    """Which fingerprints a key enters, from gpt2.identity's own tables."""
+    """Which fingerprints a key enters, from gpt2.config.identity's own tables."""
     data_default = identity.ADDED_DATA_KEYS.get(key)
     if section == "runtime":
         return "runtime: never in a fingerprint"
@@ -168,9 +168,9 @@ def _preset_values(dotted: str, configs: dict[str, Config]) -> dict[str, object]
 def configuration_page() -> str:
     configs = {name: make() for name, make in PRESETS.items()}
     lines = ["# Configuration reference", "",
-             "Generated from the typed config (`gpt2/config.py` and its sections) and the presets "
-             "(`gpt2/presets.py`) when the docs are built: every key, its type, default, allowed range, "
-             "the fingerprints it enters (`gpt2/identity.py`) and its description. *Presets* gives each "
+             "Generated from the typed config (`gpt2/config/tree.py` and its sections) and the presets "
+             "(`gpt2/config/presets.py`) when the docs are built: every key, its type, default, allowed range, "
+             "the fingerprints it enters (`gpt2/config/identity.py`) and its description. *Presets* gives each "
              "preset's value where the presets differ. Set any key with `--set key=value`; see "
              "[Configuration](../configuration.md).", ""]
     section = None

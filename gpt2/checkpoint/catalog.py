@@ -11,10 +11,10 @@ import hashlib
 import logging
 import re
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import shares
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 

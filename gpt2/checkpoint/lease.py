@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from gpt2 import storage
 from gpt2.errors import UserError
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class Lease:
 
     def still_held(self) -> bool:
         """check() as an answer: False once a later trainer took the run over
-        (its MLflow sends are fenced too: gpt2.outbox); a storage error raises."""
+        (its MLflow sends are fenced too: gpt2.tracking.outbox); a storage error raises."""
         try:
             self.check()
         except LeaseLost:

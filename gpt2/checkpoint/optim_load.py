@@ -24,7 +24,7 @@ import torch
 
 from gpt2.checkpoint import shares, store
 from gpt2.checkpoint.optim_share import is_sharded
-from gpt2.distributed import DistEnv, any_rank, broadcast_bytes
+from gpt2.process.distributed import DistEnv, any_rank, broadcast_bytes
 
 
 def owned_indices(optimizer: torch.optim.Optimizer) -> set[int]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from gpt2 import layout, storage
 from gpt2.checkpoint.catalog import MARKER, latest_checkpoint, read_marker
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.root import layout, storage
 
 
 class CheckpointNotFound(UserError, FileNotFoundError):

@@ -26,9 +26,9 @@ import logging
 import time
 from typing import Callable
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
-from gpt2.config import Config
+from gpt2.config.tree import Config
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from gpt2 import storage
 from gpt2.checkpoint import shares
 
 # Re-exported: callers name the marker, the finding and the pruning as store.X.
@@ -52,8 +51,9 @@ from gpt2.checkpoint.catalog import (  # noqa: F401
     step_dirs,
     write_marker,
 )
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.model import GPT
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 

@@ -38,10 +38,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import shares, store
 from gpt2.checkpoint.optim_share import state_share
-from gpt2.kill_window import kill_window, window_warning
+from gpt2.process.kill_window import kill_window, window_warning
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class CheckpointWriter:
         lease check, on rank 0); `staging`: a local run directory written
         before the root; `metrics(values, step)` receives each save's
         timings; `window`: the kill window saves are checked against
-        (default: this process's, gpt2.kill_window.kill_window). Under a
+        (default: this process's, gpt2.process.kill_window.kill_window). Under a
         process group every rank constructs one (a collective)."""
         self.run_dir, self.keep, self.last_url, self.fence = run_dir, keep, last_url, fence
         distributed = dist.is_initialized() and dist.get_world_size() > 1

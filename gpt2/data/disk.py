@@ -26,10 +26,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data.sources import SourceFiles, is_remote
 from gpt2.errors import UserError
+from gpt2.root import layout
 
 log = logging.getLogger(__name__)
 

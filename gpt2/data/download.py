@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpt2 import layout
-from gpt2.config import Config, DataConfig
+from gpt2.config.data import DataConfig
+from gpt2.config.tree import Config
 from gpt2.data import sources
 from gpt2.data.disk import check_disk
 from gpt2.data.nanogpt_bin import resolve_token_files
 from gpt2.data.tokenized import tokens_done
+from gpt2.root import layout
 
 
 def resolve_source(cfg: DataConfig) -> sources.SourceFiles:

@@ -25,7 +25,7 @@ from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import Manifest, ShardEntry
 from gpt2.data.order import ReadOrder
 from gpt2.data.shard_source import ShardSource
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpt2 import layout, storage
 from gpt2.data.llmc import HEADER_BYTES, TOKEN_DTYPE, ShardError, check_token_ids, parse_header, shard_nbytes
+from gpt2.root import layout, storage
 
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
 

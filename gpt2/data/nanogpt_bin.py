@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2 import layout, storage
-from gpt2.config import Config, DataConfig
+from gpt2.config.data import DataConfig, SourceError
+from gpt2.config.tree import Config
 from gpt2.data.llmc import MAGIC
-from gpt2.data.sources import SourceError, SourceFiles
+from gpt2.data.sources import SourceFiles
 from gpt2.data.step_record import reuse
 from gpt2.data.tokenized import DONE_RECORD, Tokenized, tokenized_ok
+from gpt2.root import layout, storage
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB
 
 log = logging.getLogger(__name__)

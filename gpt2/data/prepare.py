@@ -1,12 +1,12 @@
 """The data stage as four idempotent steps: download → tokenize → shard → upload.
 
 Each step lives in its own module (gpt2.data.download, .tokenize, .shard,
-.upload), writes to deterministic places (gpt2.layout: a local work directory
+.upload), writes to deterministic places (gpt2.root.layout: a local work directory
 for the intermediate files, the artifact root for the result) and skips what a
 previous, possibly killed, run already finished. Prefect caches the steps
 (tasks/data.py); `prepare_data` runs them all in this process without it.
 
-    python -c "from gpt2.data.prepare import prepare_data; from gpt2.overrides import resolve_config; print(prepare_data(resolve_config('smoke')))"
+    python -c "from gpt2.data.prepare import prepare_data; from gpt2.config.overrides import resolve_config; print(prepare_data(resolve_config('smoke')))"
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data.disk import remove_intermediates
 from gpt2.data.download import download_source
 from gpt2.data.llmc import ShardError
@@ -25,6 +24,7 @@ from gpt2.data.manifest import verify_manifest
 from gpt2.data.shard import shard_tokens
 from gpt2.data.tokenize import Progress, tokenize_source
 from gpt2.data.upload import upload_shards
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,14 @@ from typing import Iterator
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data.doc_split import split_documents
 from gpt2.data.llmc import write_shard
 from gpt2.data.manifest import ShardEntry
 from gpt2.data.step_record import reuse
 from gpt2.data.tokenize import EmptyCorpusError
 from gpt2.data.tokenized import Tokenized
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2 import layout, storage
 from gpt2.data.llmc import ShardError, read_shard
 from gpt2.data.manifest import Manifest, ShardEntry, verify_shard
-from gpt2.distributed import DistEnv, first_error
+from gpt2.process.distributed import DistEnv, first_error
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class ShardSource:
 
     def __init__(self, manifest_location: str, manifest: Manifest, cache_dir: Path, env: DistEnv,
                  prefetch: bool = True):
-        """`cache_dir`: where remote shards are copied (gpt2.layout.shard_cache_dir);
+        """`cache_dir`: where remote shards are copied (gpt2.root.layout.shard_cache_dir);
         `prefetch`: fetch the shard named by `prefetch()` in the background."""
         self.manifest_location, self.manifest = manifest_location, manifest
         self.cache_dir, self.env = cache_dir, env

@@ -20,19 +20,12 @@ import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpt2 import storage
-from gpt2.config import DataConfig
-from gpt2.errors import UserError
+from gpt2.config.data import BUILTIN_PREFIX, DataConfig, SourceError, builtin_documents
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 
-BUILTIN_PREFIX = "builtin:"
-BUILTIN_SOURCES = ("builtin:python-docs",)
 FORMATS = {".jsonl": "json", ".json": "json", ".jsonl.gz": "json", ".parquet": "parquet", ".txt": "text"}
-
-
-class SourceError(UserError, ValueError):
-    """The source cannot be read; the message names it and says what to do."""
 
 
 @dataclass(frozen=True)
@@ -47,22 +40,6 @@ class SourceFiles:
 
     def describe(self) -> dict:
         return {"url": self.url, "format": self.format, "files": len(self.files), "bytes": sum(self.sizes)}
-
-
-def builtin_documents(name: str) -> list[dict]:
-    """The documents of a built-in source, in a fixed order."""
-    if name != "builtin:python-docs":
-        raise SourceError(f"unknown built-in source {name!r}; available: {', '.join(BUILTIN_SOURCES)}")
-    from pydoc_data.topics import topics
-
-    return [{"id": key, "text": topics[key]} for key in sorted(topics)]
-
-
-def builtin_digest(name: str) -> str:
-    """Content hash of a built-in source: its text differs between Python
-    versions, so it is part of the data identity."""
-    blob = json.dumps(builtin_documents(name), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def file_format(path: str) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from gpt2 import storage
+from gpt2.root import storage
 
 
 def reuse(record_path: Path, model: type[BaseModel], ok: Callable[[BaseModel], bool]) -> BaseModel | None:

@@ -9,11 +9,11 @@ from typing import Iterable
 
 import numpy as np
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.identity import data_fingerprint
+from gpt2.config.tree import Config
 from gpt2.data.llmc import write_shard
 from gpt2.data.manifest import Manifest, ShardEntry
-from gpt2.identity import data_fingerprint
+from gpt2.root import layout, storage
 
 
 def write_dataset(config: Config, shards: Iterable[tuple[str, np.ndarray]], source: dict) -> str:

@@ -19,8 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data import sources
 from gpt2.data.nanogpt_bin import read_token_files
 from gpt2.data.step_record import reuse
@@ -29,6 +28,7 @@ from gpt2.data.unit_pool import UnitPool
 from gpt2.data.units import completed, fetch, plan_units, tokenize_unit
 from gpt2.data.work_unit import Unit, UnitExecutor, UnitResult
 from gpt2.errors import UserError
+from gpt2.root import layout, storage
 
 log = logging.getLogger(__name__)
 

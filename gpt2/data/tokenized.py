@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data.step_record import reuse
+from gpt2.root import layout
 
 DONE_RECORD = "done.json"
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from pathlib import Path
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data.process_pool import Finish, default_workers, run_pool
 from gpt2.data.tokenize_pool import warm_up
 from gpt2.data.units import encode_unit, tokenize_unit

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from gpt2 import storage
-from gpt2.data.sources import SourceError
+from gpt2.config.data import SourceError
 from gpt2.data.work_unit import Unit
+from gpt2.root import storage
 
 BATCH_CHARS = 1 << 22
 """Texts are handed to the encoder in batches of about this many characters:

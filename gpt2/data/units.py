@@ -35,12 +35,13 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from gpt2 import storage
-from gpt2.config import Config
-from gpt2.data.sources import SourceError, SourceFiles
+from gpt2.config.data import SourceError
+from gpt2.config.tree import Config
+from gpt2.data.sources import SourceFiles
 from gpt2.data.tokenize_pool import encode_batch
 from gpt2.data.unit_readers import iter_text_batches
 from gpt2.data.work_unit import Unit, UnitResult
+from gpt2.root import storage
 from gpt2.tokenizer import EOT_TOKEN
 
 SOURCE_BYTES_PER_TOKEN = {"jsonl": 3.5, "parquet": 2.0}

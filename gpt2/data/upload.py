@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.identity import data_fingerprint
+from gpt2.config.tree import Config
 from gpt2.data import sources
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import Manifest, verify_shard
 from gpt2.data.shard import LocalShards
-from gpt2.identity import data_fingerprint
+from gpt2.root import layout, storage
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB
 
 log = logging.getLogger(__name__)

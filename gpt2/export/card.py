@@ -15,9 +15,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from gpt2.config import Config
-from gpt2.identity import fingerprint
-from gpt2.presets import PRESETS
+from gpt2.config.identity import fingerprint
+from gpt2.config.presets import PRESETS
+from gpt2.config.tree import Config
 
 # The sections whose settings make the weights and the HellaSwag figure.
 COMMAND_SECTIONS = ("model", "data", "train", "eval")

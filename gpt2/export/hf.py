@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-
-import torch
 from typing import TYPE_CHECKING
 
-from gpt2.config import ModelConfig
+import torch
+
+from gpt2.config.sections import ModelConfig
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB, bpe_files_dir, verify_bpe_files
 
 if TYPE_CHECKING:  # transformers takes seconds to import: only the functions that build HF objects load it

@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from gpt2.config import ModelConfig
+from gpt2.config.sections import ModelConfig
 from gpt2.export.hf import clean_state_dict
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB, get_encoding
 

@@ -22,14 +22,14 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpt2 import storage
 from gpt2.checkpoint.catalog import read_marker
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.checkpoint.store import load_model, read_verified
+from gpt2.config.identity import EXPORT_FORMAT_VERSION, fingerprint
 from gpt2.errors import UserError
 from gpt2.export import card, hf, llmc
 from gpt2.hellaswag.evaluate import result_url
-from gpt2.identity import EXPORT_FORMAT_VERSION, fingerprint
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def card_facts(ref: CheckpointRef, root: str) -> card.CardFacts:
     evaluate stage's result for it, when there is one."""
     marker = read_marker(ref.url) or {}
     state = json.loads(read_verified(ref.url, "state.json", marker.get("files", {}).get("state.json", {})))
-    from gpt2.config import Config
+    from gpt2.config.tree import Config
 
     return card.CardFacts(config=Config.model_validate(state["config"]), step=ref.step, state=state,
                           hellaswag=read_eval_result(ref, root), code_version=card.code_version())

@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from gpt2 import storage
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.checkpoint.store import load_model
-from gpt2.config import Config
-from gpt2.distributed import pick_device
+from gpt2.config.identity import EVAL_FORMAT_VERSION
+from gpt2.config.tree import Config
 from gpt2.hellaswag.harness import run_hellaswag
 from gpt2.hellaswag.items import HUB_SOURCES, Item, load_rows
 from gpt2.hellaswag.lm_eval_model import GPTLM
 from gpt2.hellaswag.scorer import ItemScore, score_items, summarize
-from gpt2.identity import EVAL_FORMAT_VERSION
+from gpt2.process.distributed import pick_device
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 

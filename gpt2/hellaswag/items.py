@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterable
 
-from gpt2 import storage
 from gpt2.errors import UserError
+from gpt2.root import storage
 
 log = logging.getLogger(__name__)
 

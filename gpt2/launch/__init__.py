@@ -9,6 +9,6 @@
 
 What a training step is stays in gpt2.train, which this package imports and
 which never imports it: a trainer reports to its launcher through
-gpt2.train.status_file, and both read the kill window from gpt2.kill_window.
+gpt2.train.status_file, and both read the kill window from gpt2.process.kill_window.
 Submodules are imported explicitly (`from gpt2.launch.torchrun import train_stage`).
 """

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
 from gpt2.launch import k8s_status, k8s_template
 from gpt2.train.run import TrainResult

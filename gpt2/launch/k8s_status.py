@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
+from gpt2.root import layout, storage
 from gpt2.train.run import Preempted, TrainResult
 from gpt2.train.session import TrainingError
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.root import layout
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "deployments" / "multinode" / "training-job.yaml"
 RDZV_PORT = 29500

@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import re
 
-from gpt2 import layout
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
+from gpt2.root import layout
 
 log = logging.getLogger(__name__)
 

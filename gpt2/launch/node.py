@@ -21,10 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
 from gpt2.launch.torchrun import torchrun_train
+from gpt2.root import layout, storage
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted
 
 log = logging.getLogger("gpt2.launch.node")

@@ -31,12 +31,13 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from gpt2 import kill_window, layout
-from gpt2.child_process import terminate_with_parent
-from gpt2.config import Config
-from gpt2.distributed import resolve_nproc, visible_gpus
-from gpt2.kill_window import STOP_GRACE_S
+from gpt2.config.tree import Config
 from gpt2.launch import k8s_run, multinode
+from gpt2.process import kill_window
+from gpt2.process.distributed import resolve_nproc, visible_gpus
+from gpt2.process.kill_window import STOP_GRACE_S
+from gpt2.process.signals import terminate_with_parent
+from gpt2.root import layout
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress
 from gpt2.train.run import Preempted, TrainResult, train
@@ -237,7 +238,7 @@ def _killed_from_outside(who: str, signum: int) -> StoppedFromOutside:
 def expected_save_warning(config: Config, nproc: int) -> str | None:
     """Before the run: whether the checkpoint a SIGTERM asks for is expected
     to fit the kill window of where it trains (runtime.pool), as `gpt2 plan` says."""
-    from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, model_size  # plan imports the trainer's modules
+    from gpt2.cost.plan import CHECKPOINT_BYTES_PER_PARAM, model_size  # plan imports the trainer's modules
 
     distributed = nproc > 1 or config.runtime.nnodes > 1
     window = kill_window.kill_window(distributed, config.runtime.pool)

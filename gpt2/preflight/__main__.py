@@ -23,16 +23,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpt2 import figures_on_record
 from gpt2.preflight.report import Check
+from gpt2.report import figures_on_record
 from gpt2.secrets import redact
 
 log = logging.getLogger("gpt2.preflight")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    from gpt2.config.presets import PRESETS
     from gpt2.preflight.run import DEFAULT_STEPS, JOIN_TIMEOUT_S
-    from gpt2.presets import PRESETS
 
     p = argparse.ArgumentParser(prog="gpt2 preflight", description=__doc__.splitlines()[0])
     p.add_argument("--preset", "-p", default="smoke", help=f"named preset: {', '.join(PRESETS)}")
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     from pydantic import ValidationError
 
-    from gpt2.config import Config
-    from gpt2.overrides import ConfigError, resolve_config
+    from gpt2.config.overrides import ConfigError, resolve_config
+    from gpt2.config.tree import Config
 
     try:
         config = (Config.model_validate(json.loads(args.config.read_text())) if args.config else
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return 2
     if "WORLD_SIZE" not in os.environ:
-        from gpt2.distributed import resolve_nproc, visible_gpus
+        from gpt2.process.distributed import resolve_nproc, visible_gpus
 
         if config.runtime.nnodes > 1:
             print(f"error: runtime.nnodes={config.runtime.nnodes}: start the preflight on every node as the run "

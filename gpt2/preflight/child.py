@@ -12,9 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
-from gpt2.child_process import terminate_with_parent
+from gpt2.process.signals import terminate_with_parent
 
 
 class PreflightFailed(UserError):

@@ -13,8 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from gpt2.distributed import DistEnv
 from gpt2.preflight.report import Failed, Outcome
+from gpt2.process.distributed import DistEnv
 
 PREFIX = "gpt2-preflight/"
 ALL_REDUCE_BYTES = {"cuda": 256 << 20, "cpu": 16 << 20}

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import layout
 from gpt2.checkpoint.lease import Lease, earlier_attempt_wait_s
-from gpt2.config import Config
-from gpt2.distributed import DistEnv, resolve_nproc, visible_gpus
+from gpt2.config.tree import Config
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
+from gpt2.process.distributed import DistEnv, resolve_nproc, visible_gpus
+from gpt2.root import layout
 from gpt2.train.precision import PrecisionError, attention_kernel, choose_precision, device_caps
 
 TESTED_TORCH = ((2, 11), (2, 13))
@@ -201,7 +201,7 @@ def tracking(config: Config, timeout_s: float = 10.0) -> Outcome:
 def _mlflow(config: Config) -> tuple[str | None, str | None]:
     """(what was found, what is wrong) of the run's MLflow store."""
     from gpt2.secrets import redact
-    from gpt2.tracking import answers, default_tracking_uri
+    from gpt2.tracking.store import answers, default_tracking_uri
 
     uri = default_tracking_uri(config)
     if uri.startswith("sqlite:///"):

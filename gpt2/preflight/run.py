@@ -6,7 +6,7 @@ first rank, those of the device on every rank, and rank 0 reports them all.
 It never takes the run's lease and never writes a checkpoint, a lease or an
 attempt record: what it writes under the root is its probe object, removed
 again whatever happens, and, with runtime.compile, the run's compiled program
-(gpt2.compile_cache), so that even the run's first attempt starts warm."""
+(gpt2.train.compile_cache), so that even the run's first attempt starts warm."""
 
 from __future__ import annotations
 
@@ -16,9 +16,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from gpt2 import layout
-from gpt2.config import Config
-from gpt2.distributed import (
+from gpt2.config.tree import Config
+from gpt2.cost.plan import CHECKPOINT_BYTES_PER_PARAM, count_every, model_size
+from gpt2.data.epoch import planned_steps, with_resolved_steps
+from gpt2.errors import UserError
+from gpt2.preflight import collectives, host
+from gpt2.preflight import storage as root_checks
+from gpt2.preflight.report import Check, Failed, Outcome, Report
+from gpt2.preflight.steps import step_checks
+from gpt2.process.distributed import (
     STARTUP_TIMEOUT_S,
     DeviceUnavailable,
     DistEnv,
@@ -27,13 +33,7 @@ from gpt2.distributed import (
     distributed,
     pick_device,
 )
-from gpt2.errors import UserError
-from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, count_every, model_size
-from gpt2.preflight import collectives, host
-from gpt2.preflight import storage as root_checks
-from gpt2.preflight.report import Check, Failed, Outcome, Report
-from gpt2.preflight.steps import step_checks
-from gpt2.steps import planned_steps, with_resolved_steps
+from gpt2.root import layout
 
 DEFAULT_STEPS = 5
 """Timed steps after the first (which compiles): enough for a steady median."""

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpt2.config import Config
-from gpt2.distributed import DistEnv
+from gpt2.config.tree import Config
+from gpt2.cost.gpus import gpu_of_device
+from gpt2.cost.plan import EVAL_FLOPS_FRACTION, count_every, make_plan, model_size
 from gpt2.model import GPT
-from gpt2.plan import EVAL_FLOPS_FRACTION, count_every, gpu_of_device, make_plan, model_size
 from gpt2.preflight.report import Failed, Outcome, Skipped, Warned
+from gpt2.process.distributed import DistEnv
 from gpt2.train import memory
 from gpt2.train.compile_choice import Built, CompileError, build, eager, warm_up_or_fall_back
 from gpt2.train.optim import make_optimizer
@@ -46,7 +47,7 @@ class StepRun:
     fits: int | None = None
     """After an out-of-memory step: the micro-batch the probe finds fits (None: not searched)."""
     compile_cache: str | None = None
-    """The run's compiled program (gpt2.compile_cache): loaded, saved, absent or refused."""
+    """The run's compiled program (gpt2.train.compile_cache): loaded, saved, absent or refused."""
     fits_with: str = ""
     """The memory savers that fit needs beyond the configured ones ("" for none)."""
     compile_fallback: str | None = None
@@ -225,7 +226,7 @@ def throughput_check(config: Config, env: DistEnv, run: StepRun, steps_note: str
     _, flops_per_token = model_size(config)
     util = mfu(flops_per_token, tok_s / env.world_size, peak_flops(env.device))
     steps = int(t.max_steps)
-    # What gpt2.plan counts: the training steps, and each validation pass at a third of a step per batch.
+    # What gpt2.cost.plan counts: the training steps, and each validation pass at a third of a step per batch.
     hours = step_s * (steps + EVAL_FLOPS_FRACTION * count_every(steps, t.eval_every) * t.val_steps) / 3600
     price = config.runtime.price_per_hour
     cost = hours * env.world_size * price if price is not None else None

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gpt2 import layout, storage
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import Manifest, load_manifest, verify_shard
-from gpt2.kill_window import kill_window, lengthen
 from gpt2.preflight.report import Failed, Outcome, Warned
+from gpt2.process.kill_window import kill_window, lengthen
+from gpt2.root import layout, storage
 from gpt2.secrets import redact
 
 PROBE_BYTES = 64 << 20

@@ -13,12 +13,12 @@
     memory.py       memory limits, what counts as an OOM, a step's steady-state memory
     throughput.py   tokens/s and MFU
     progress.py     per-step progress records and the progress bar
-    attempts.py     each training attempt's record in the run directory (gpt2.bill's input)
+    attempts.py     each training attempt's record in the run directory (gpt2.train.bill's input)
     report.py       loss curve and text samples
 
 How training processes are started (in this process, torchrun, several
 machines, a Kubernetes Job) is gpt2.launch's; the device and process group
-are gpt2.distributed's, and the time a SIGTERM leaves is gpt2.kill_window's.
+are gpt2.process.distributed's, and the time a SIGTERM leaves is gpt2.process.kill_window's.
 
 Submodules are imported explicitly (`from gpt2.train.run import train`): the
 package itself imports nothing, so `python -m gpt2.train` starts fast.

@@ -24,9 +24,9 @@ import os
 import sys
 from pathlib import Path
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
+from gpt2.data.epoch import with_resolved_steps
 from gpt2.errors import UserError
-from gpt2.steps import with_resolved_steps
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
 from gpt2.train.status_file import StatusFile

@@ -1,5 +1,5 @@
 """What each training attempt did, recorded in the run directory so the
-record outlives the machine (gpt2.bill turns the records into the bill):
+record outlives the machine (gpt2.train.bill turns the records into the bill):
 
     <run>/attempts/000001.json
     {"attempt": 1, "host": "gpu-node-7", "pid": 4242, "device_type": "cuda",
@@ -39,14 +39,14 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import layout, storage
-from gpt2.bill import metrics, training_bill
 from gpt2.checkpoint import catalog
 from gpt2.checkpoint.lease import Lease
-from gpt2.config import Config
-from gpt2.distributed import DistEnv
-from gpt2.ladder import price_for
-from gpt2.tracking import Tracker
+from gpt2.config.tree import Config
+from gpt2.ladder.rungs import price_for
+from gpt2.process.distributed import DistEnv
+from gpt2.root import layout, storage
+from gpt2.tracking.tracker import Tracker
+from gpt2.train.bill import metrics, training_bill
 from gpt2.train.progress import Progress, StepInfo
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Attempt:
               pool: str | None = None) -> Attempt:
         """Close the attempts that never wrote their end, then record this one
         (under the lease, so no other trainer numbers an attempt at once), with
-        the work pool it runs on and that pool's price (gpt2.ladder.price_for)."""
+        the work pool it runs on and that pool's price (gpt2.ladder.rungs.price_for)."""
         run_dir = layout.run_dir(config)
         attempt = cls(config, None)
         if not env.is_main:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from gpt2.identity import train_fingerprint
+from gpt2.config.identity import train_fingerprint
 
 
 def checkpoint_state(loop, done: int) -> dict:

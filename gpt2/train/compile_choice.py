@@ -15,7 +15,7 @@ this model): the first compiled step tells (`warm_up_or_fall_back`: the trainer'
 warm-up, the preflight's first step). Under `auto` its exception turns the run
 eager with one warning naming the device and the exception, and rank 0 records
 why beside the compiled program's key, `runs/<run>/compile/<key>.failed.json`
-(gpt2.compile_cache): the attempts that follow, and the training after a
+(gpt2.train.compile_cache): the attempts that follow, and the training after a
 preflight whose compile check failed, start eagerly without trying again. A
 record only ever turns compiling off, so one planted in the root costs speed,
 never a result; another torch, card or precision is another key, tried afresh.
@@ -33,11 +33,12 @@ from typing import Callable
 
 import torch
 
-from gpt2 import compile_cache, layout, storage
-from gpt2.config import Config
-from gpt2.distributed import DistEnv, all_reduce
+from gpt2.config.tree import Config
 from gpt2.errors import UserError
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv, all_reduce
+from gpt2.root import layout, storage
+from gpt2.train import compile_cache
 from gpt2.train.parallel import wrap_ddp
 from gpt2.train.precision import DeviceCaps, device_caps, where
 
@@ -150,7 +151,7 @@ def record_failure(config: Config, fields: dict, reason: str) -> str:
 def build(raw: GPT, config: Config, env: DistEnv, micro_batch: int, recompute: bool, precision: str) -> Built:
     """The model as runtime.compile and the device decide (raises CompileError);
     under `auto`, eager where compiling this key failed before. The run's
-    compiled program is loaded when an attempt saved it (gpt2.compile_cache)."""
+    compiled program is loaded when an attempt saved it (gpt2.train.compile_cache)."""
     choice = decide(config.runtime.compile, env.device)
     if not choice.compile:
         return eager(raw, env, fallback=choice.why if choice.fallback else None)

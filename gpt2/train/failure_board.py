@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 
 import torch.distributed as dist
 
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
 from gpt2.train.session import TrainingError
 
 log = logging.getLogger(__name__)

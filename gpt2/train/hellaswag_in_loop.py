@@ -10,11 +10,11 @@ from typing import Callable
 
 import torch
 
-from gpt2.config import Config
-from gpt2.distributed import DistEnv, all_reduce, any_rank, autocast
+from gpt2.config.tree import Config
 from gpt2.hellaswag.items import load_items
 from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv, all_reduce, any_rank, autocast
 
 log = logging.getLogger(__name__)
 KEYS = ("acc", "acc_norm", "acc_norm_per_token")

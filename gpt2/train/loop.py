@@ -27,13 +27,13 @@ from dataclasses import asdict
 
 import torch
 
-from gpt2 import layout
 from gpt2.checkpoint.lease import LeaseLost
 from gpt2.checkpoint.staging import staging_dir
 from gpt2.checkpoint.writer import CheckpointWriter
-from gpt2.distributed import any_rank
-from gpt2.identity import train_fingerprint
-from gpt2.tracking import Tracker
+from gpt2.config.identity import train_fingerprint
+from gpt2.process.distributed import any_rank
+from gpt2.root import layout
+from gpt2.tracking.tracker import Tracker
 from gpt2.train import memory, mlflow_run, spike_actions
 from gpt2.train.checkpoint_state import checkpoint_state
 from gpt2.train.failure_board import FailureBoard

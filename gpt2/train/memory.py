@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 
 MB = 1 << 20
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from gpt2 import layout, storage
+from gpt2.root import layout, storage
 from gpt2.secrets import redact
 
 log = logging.getLogger(__name__)

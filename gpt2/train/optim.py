@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gpt2.checkpoint.optim_share import is_sharded
-from gpt2.config import TrainConfig
+from gpt2.config.train import TrainConfig
 from gpt2.errors import UserError
 
 log = logging.getLogger(__name__)

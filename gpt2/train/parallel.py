@@ -26,7 +26,7 @@ import math
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
 
 DDP_BUCKETS = 8
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's own default

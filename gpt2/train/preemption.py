@@ -9,7 +9,7 @@ the states the reschedule path acts on. A run that ended Failed instead
 would never be rescheduled. With no handler above us (`python -m gpt2.train`)
 the caller raises `Preempted` and the process exits 143.
 
-How long the trainer then has before SIGKILL is gpt2.kill_window's.
+How long the trainer then has before SIGKILL is gpt2.process.kill_window's.
 """
 
 from __future__ import annotations

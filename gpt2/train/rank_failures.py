@@ -16,7 +16,7 @@ import logging
 import torch
 
 from gpt2.checkpoint.writer import CheckpointWriter
-from gpt2.distributed import DistEnv, control_group
+from gpt2.process.distributed import DistEnv, control_group
 from gpt2.train.session import TrainingError
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from gpt2.checkpoint import store
-from gpt2.distributed import DistEnv, broadcast_bytes, control_group
+from gpt2.process.distributed import DistEnv, broadcast_bytes, control_group
 from gpt2.train import rollback
 
 

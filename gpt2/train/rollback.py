@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from gpt2 import storage
+from gpt2.root import storage
 
 _RECORD = re.compile(r"^rollback_(\d{4,})\.json$")
 

@@ -10,10 +10,10 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from gpt2.config import Config
-from gpt2.distributed import STARTUP_TIMEOUT_S, distributed
-from gpt2.ladder import stop_if_left
-from gpt2.steps import with_resolved_steps
+from gpt2.config.tree import Config
+from gpt2.data.epoch import with_resolved_steps
+from gpt2.ladder.rungs import stop_if_left
+from gpt2.process.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
@@ -50,9 +50,9 @@ class TrainResult:
     recompute: bool = False
     """Activation recomputation was on (runtime.recompute as resolved)."""
     bill: dict | None = None
-    """What the run cost so far, every attempt included (gpt2.bill.training_bill)."""
+    """What the run cost so far, every attempt included (gpt2.train.bill.training_bill)."""
     compile_cache: str | None = None
-    """The compiled program (gpt2.compile_cache): `loaded` from the run (a warm start), `saved` to it,
+    """The compiled program (gpt2.train.compile_cache): `loaded` from the run (a warm start), `saved` to it,
     `absent` or `refused` (compiled cold, not saved), `failed` (compiling failed under runtime.compile=auto:
     trained eagerly, gpt2.train.compile_choice); None without runtime.compile."""
     spikes: dict | None = None

@@ -15,23 +15,23 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gpt2 import compile_cache, layout, storage
 from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.checkpoint.optim_load import rank_state
-from gpt2.config import Config
+from gpt2.config.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
+from gpt2.config.tree import Config
 from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
 from gpt2.data.shard_source import ShardSource
-from gpt2.distributed import DistEnv, barrier, control_group
 from gpt2.errors import UserError
-from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.model import GPT
-from gpt2.train import memory
+from gpt2.process.distributed import DistEnv, barrier, control_group
+from gpt2.root import layout, storage
+from gpt2.train import compile_cache, memory
 from gpt2.train.compile_choice import Built, CompileError, build, warm_up_or_fall_back
-from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.precision import Precision, choose_precision, device_caps, make_scaler
+from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
 
@@ -61,7 +61,7 @@ class Session:
     memory: MemorySettings = field(default_factory=MemorySettings)
     """runtime.shard_optimizer and runtime.recompute as resolved for this run."""
     compile_cache: compile_cache.Travel | None = None
-    """The compiled program's travel (gpt2.compile_cache); None when not compiling (status `failed`:
+    """The compiled program's travel (gpt2.train.compile_cache); None when not compiling (status `failed`:
     compiling failed under runtime.compile=auto and the run trains eagerly)."""
     precision: Precision | None = None
     """train.precision as resolved for this device (gpt2.train.precision)."""

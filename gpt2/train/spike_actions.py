@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from gpt2 import storage
 from gpt2.checkpoint import catalog, store
 from gpt2.checkpoint.optim_load import rank_state
+from gpt2.root import storage
 from gpt2.train import rollback
 from gpt2.train.optim import load_state
 from gpt2.train.restore import restore_rng, shared_checkpoint

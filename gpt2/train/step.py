@@ -15,7 +15,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt2.distributed import DistEnv, all_reduce, autocast
+from gpt2.process.distributed import DistEnv, all_reduce, autocast
 from gpt2.train import memory
 from gpt2.train.optim import local_part, state_bytes
 from gpt2.train.precision import LossScaler
@@ -113,7 +113,7 @@ def warm_up(model: torch.nn.Module, raw_model: torch.nn.Module, optimizer: torch
     batches of the run's shape before the first real batch is read: the first
     shards' download (gpt2.data.loader.first_reads) runs beside the compile
     instead of before it, and the validation's program is in the compiled
-    program the run saves after its first step (gpt2.compile_cache).
+    program the run saves after its first step (gpt2.train.compile_cache).
 
     Trains nothing: the gradients are dropped, the optimizer is not stepped,
     the RNG is restored. Under DDP every rank runs it, and its all-reduce is

@@ -1,5 +1,5 @@
 """bench.train_step's `--record`: one JSON object per run with exactly the
-agreed keys, appended to a JSON-lines file (gpt2.figures_on_record, which the
+agreed keys, appended to a JSON-lines file (gpt2.report.figures_on_record, which the
 product reads); and the whole-iteration batches it times come through the
 trainer's own loader."""
 
@@ -13,8 +13,8 @@ import torch
 
 from bench import records
 from bench.step_data import synthetic_loader
-from gpt2 import figures_on_record
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
+from gpt2.report import figures_on_record
 
 CPU = torch.device("cpu")
 KEYS = {"date", "commit", "device", "torch", "bench", "micro_batch", "tok_s_eager", "tok_s_compiled",

@@ -85,7 +85,7 @@ def _assert_stopped(place, code: int, seconds: float, out: str, stage: str) -> N
 
 def test_ctrl_c_in_each_stage_stops_in_seconds_and_the_rerun_continues(place):
     from gpt2.checkpoint import store
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     config = resolve_config("smoke", [a for a in place["args"][3:] if a != "--set"])
     _assert_stopped(place, *_ctrl_c_when(place, lambda out: "Task run 'tokenize" in out), "the data stage")

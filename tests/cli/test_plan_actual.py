@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import layout
-from gpt2.plan_actual import ROWS
+from gpt2.cost.actual import ROWS
+from gpt2.root import layout
 from gpt2.train.attempts import read_attempts
 from gpt2.train.run import train
 from tests.cli.plan_process import gpt2_plan

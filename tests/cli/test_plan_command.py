@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.figures_on_record import RESULTS_ENV
+from gpt2.report.figures_on_record import RESULTS_ENV
 from tests.cli.plan_process import gpt2_plan
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.
@@ -19,7 +19,7 @@ REQUIRED = {"tokens", "steps", "gpu_hours", "cost", "micro_batch_size"}
 
 
 def _run(*args: str, root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    # No measured figures unless a test gives them: the plan's own assumption (gpt2.plan_measured).
+    # No measured figures unless a test gives them: the plan's own assumption (gpt2.cost.measured).
     return gpt2_plan(root, *args, env={RESULTS_ENV: str(root / "no-records.jsonl"), **(env or {})})
 
 
@@ -111,7 +111,7 @@ def test_gpu_count_must_split_the_batch(root):
 
 def test_the_plan_says_a_measured_mfu_on_that_gpu_and_where_it_comes_from(root):
     """#33: the command's line names the MFU it used and its record (which
-    record wins: tests/gpt2/test_plan.py)."""
+    record wins: tests/gpt2/cost/test_plan.py)."""
     records = root / "records.jsonl"
     records.write_text(json.dumps({
         "date": "2026-11-26T10:00:00+00:00", "commit": "abcdef1234", "device": "NVIDIA H100 80GB HBM3",

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from gpt2.overrides import resolve_config
-from gpt2.plan import expected_fit, make_plan
+from gpt2.config.overrides import resolve_config
+from gpt2.cost.plan import expected_fit, make_plan
 from gpt2.train.memory import estimate_multi_rank_bytes, estimate_step_bytes
 from gpt2.train.step import MemorySettings
 from tests.cli.plan_process import gpt2_plan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import layout
+from gpt2.root import layout
 from tests.cli.read_only_mount import gpt2_read_only, needs_mount, sets, snapshot
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from mlflow import MlflowClient
 
-from gpt2.tracking import default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tasks.tracked_runs import training_run
 

@@ -13,10 +13,10 @@ from mlflow import MlflowClient
 
 from cli.stack import commands
 from cli.stack.commands import _runs_page
-from gpt2 import layout
-from gpt2.config import Config, RuntimeConfig
-from gpt2.tracking_ui import UI_MODE_QUERY
-from gpt2.tracking_experiment import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from gpt2.config.runtime import RuntimeConfig
+from gpt2.config.tree import Config
+from gpt2.root import layout
+from gpt2.tracking.experiment import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_MODE_QUERY
 
 
 def test_the_stack_link_opens_the_runs_table_of_the_experiment_the_stages_use(tmp_path):
@@ -45,7 +45,7 @@ def test_an_unreachable_mlflow_leaves_the_bare_address(tmp_path, monkeypatch):
 
 
 def test_the_mlflow_ui_installed_reads_its_mode_from_the_links_workflow_type():
-    """What gpt2.tracking_ui.UI_MODE_QUERY relies on, read from the UI MLflow ships (its JavaScript
+    """What gpt2.tracking.experiment.UI_MODE_QUERY relies on, read from the UI MLflow ships (its JavaScript
     bundle): the mode comes from the page's `workflowType` parameter, else the browser's stored
     choice, GenAI by default. A release that changes this fails here, not in a user's browser."""
     bundles = sorted((Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js").glob("*.js"))

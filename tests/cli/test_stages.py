@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from gpt2 import storage
+from gpt2.root import storage
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
 
 KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
@@ -34,7 +34,7 @@ def test_a_device_this_machine_lacks_is_named_before_any_server_or_stage(tmp_pat
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     root = tmp_path / "root"
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     write_dataset(resolve_config("smoke", {"runtime.work_dir": str(tmp_path / "work")}, root=str(root)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
@@ -90,8 +90,8 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
     import sys
     from pathlib import Path
 
-    from gpt2 import layout
     from gpt2.checkpoint import store
+    from gpt2.root import layout
 
     # The SIGTERM goes as soon as the lease is taken, before the first step:
     # 40 steps leave it far inside training, and the rerun trains the rest.
@@ -130,7 +130,7 @@ def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(
 
 @pytest.mark.parametrize("command", [["prepare"], ["train"], ["run"], ["plan"], ["config", "show"]])
 def test_the_preset_option_names_every_preset(command):
-    from gpt2.presets import PRESETS
+    from gpt2.config.presets import PRESETS
 
     out = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300"})
     assert out.exit_code == 0, out.output
@@ -140,7 +140,7 @@ def test_the_preset_option_names_every_preset(command):
 @pytest.mark.parametrize("preset", ["smoke", "gpt2-124m"])
 def test_the_run_summary_rounds_its_figures_and_says_what_it_lacks(tmp_path, preset):
     from cli.stages import where_things_are
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     config = resolve_config(preset, {"runtime.work_dir": str(tmp_path / "work")}, root=str(tmp_path / "root"))
     bill = {"attempts": 1, "device_hours": 0.0123456, "steps_redone": 0, "device_hours_redone": 0.0,
@@ -184,7 +184,7 @@ def test_the_mlflow_ui_command_pastes_as_is_from_a_root_with_a_space(tmp_path):
     import shlex
 
     from cli.stages import where_things_are
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     root = tmp_path / "with space" / "root"
     config = resolve_config("smoke", {"runtime.work_dir": str(tmp_path / "work")}, root=str(root))

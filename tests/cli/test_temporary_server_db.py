@@ -10,7 +10,7 @@ import os
 from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
 
 from cli.common import temporary_server_database
-from gpt2.overrides import resolve_config
+from gpt2.config.overrides import resolve_config
 
 SETTING = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 

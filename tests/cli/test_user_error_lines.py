@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from cli.common import log_to_file
+from gpt2.config.overrides import resolve_config
 from gpt2.errors import UserError
-from gpt2.overrides import resolve_config
 
 
 @pytest.fixture

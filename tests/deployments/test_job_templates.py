@@ -145,8 +145,8 @@ def test_kubernetes_job_with_the_defaults_is_what_the_api_takes(prefect_server):
     a string, requests set (never a BestEffort pod), a bounded attempt, and a
     size-limited work dir that the scheduler reserves disk for."""
     worker = pytest.importorskip("prefect_kubernetes.worker")
-    from gpt2 import kill_window as preemption
     from gpt2.launch import k8s_template
+    from gpt2.process import kill_window as preemption
 
     config = _render(worker.KubernetesWorkerJobConfiguration, deployment_file.pool_template("kubernetes-gpu"),
                      K8S_REQUIRED)
@@ -204,7 +204,7 @@ def test_kubernetes_pod_watch_outlasts_the_stages_own_wait_to_start(prefect_serv
     the worker's pod watch must not give the run up before the stage's own
     wait (runtime.stage_start_timeout_s; the ladder's start_timeout_s is shorter)."""
     worker = pytest.importorskip("prefect_kubernetes.worker")
-    from gpt2.config import RuntimeConfig
+    from gpt2.config.runtime import RuntimeConfig
 
     config = _render(worker.KubernetesWorkerJobConfiguration, deployment_file.pool_template("kubernetes-gpu"),
                      K8S_REQUIRED)
@@ -221,7 +221,7 @@ def test_vertex_job_with_the_defaults_builds_through_the_workers_own_code(prefec
     behaviour that lets the trainer checkpoint."""
     vertex = pytest.importorskip("prefect_gcp.workers.vertex")
     pytest.importorskip("google.cloud.aiplatform", reason="the vertex extra brings it")
-    from gpt2 import kill_window as preemption
+    from gpt2.process import kill_window as preemption
 
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", _service_account(tmp_path))
     config = _render(vertex.VertexAIWorkerJobConfiguration, deployment_file.pool_template("vertex-gpu"),

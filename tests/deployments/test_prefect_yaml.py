@@ -17,7 +17,7 @@ from prefect.utilities.schema_tools import ValidationError, validate
 
 from cli.stack.prefect_setup import LOCAL_POOLS, stack_pools
 from flows import deployment_file
-from gpt2.overrides import KNOWN_KEYS, resolve_config
+from gpt2.config.overrides import KNOWN_KEYS, resolve_config
 
 EXPECTED = {  # deployment -> (pool, GPU stage?)
     "gpt2/full-pipeline": ("cpu", False),

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from flows import deployment_file
-from gpt2 import ladder
-from gpt2.plan import gpu
+from gpt2.cost.gpus import gpu
+from gpt2.ladder import rungs
 
 TASK = deployment_file.DEPLOYMENTS_DIR / "skypilot" / "gpu-sky.yaml"
 REQUIRED_ENVS = {"PREFECT_API_URL": "https://prefect.example.com/api", "GPT2_ROOT": "gs://bucket/gpt2"}
@@ -43,7 +43,7 @@ def test_the_worker_serves_a_rung_that_prefect_yaml_deploys_train_and_evaluate_t
     words = _worker_command(_task())
     pool = _option(words, "--pool")
     assert words[:3] == ["prefect", "worker", "start"] and _option(words, "--type") == "process"
-    assert pool != ladder.DEFAULT_POOL and deployment_file.missing_rungs([pool]) == []
+    assert pool != rungs.DEFAULT_POOL and deployment_file.missing_rungs([pool]) == []
     # One flow run at a time: the machine is one GPU that train and evaluate must not share.
     assert _option(words, "--limit") == "1"
 

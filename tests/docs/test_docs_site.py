@@ -16,9 +16,9 @@ import typer.main
 from pydantic import BaseModel
 
 from cli.main import app
-from gpt2 import identity
-from gpt2.config import Config
-from gpt2.presets import PRESETS
+from gpt2.config import identity
+from gpt2.config.presets import PRESETS
+from gpt2.config.tree import Config
 
 REPO = Path(__file__).resolve().parents[2]
 # One worker builds the site once for every test here.

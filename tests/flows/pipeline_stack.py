@@ -153,7 +153,7 @@ def gpu_pool_paused(stack):
 
 
 def layout_run_dir(config) -> str:
-    from gpt2 import layout
+    from gpt2.root import layout
 
     return layout.run_dir(config)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flows import child_progress
-from gpt2 import layout, storage
-from gpt2.overrides import resolve_config
+from gpt2.config.overrides import resolve_config
+from gpt2.root import layout, storage
 
 
 def test_the_line_says_step_loss_speed_eta_and_pool():

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import layout, storage
+from gpt2.config.overrides import resolve_config
 from gpt2.data.manifest import load_manifest
 from gpt2.data.sources import resolve
 from gpt2.data.units import plan_units
 from gpt2.errors import UserError
-from gpt2.overrides import resolve_config
+from gpt2.root import layout, storage
 from tests.conftest import write_jsonl
 from tests.tiers import SCENARIO
 

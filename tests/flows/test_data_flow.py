@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import layout
 from gpt2.data.manifest import load_manifest
-from gpt2.storage import local_path
+from gpt2.root import layout
+from gpt2.root.storage import local_path
 from tests.conftest import write_jsonl
 from tests.tiers import scenario
 

@@ -11,10 +11,10 @@ import pytest
 from flows.evaluate import eval_flow
 from flows.export import export_flow
 from flows.pipeline import pipeline_flow
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data.manifest import load_manifest
-from gpt2.overrides import resolve_config
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout
+from gpt2.tracking.store import default_tracking_uri
 
 
 @pytest.mark.e2e  # the whole pipeline with an epoch-long run, then evaluate and export

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from cli.main import app
 from flows.evaluate import eval_flow
 from flows.export import export_flow
-from gpt2 import layout, storage
 from gpt2.checkpoint.store import save_checkpoint
 from gpt2.model import GPT
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout, storage
+from gpt2.tracking.store import default_tracking_uri
 
 
 def make_checkpoint(config, step: int) -> str:

@@ -18,10 +18,10 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.sorting import FlowRunSort
 
-from gpt2 import storage
 from gpt2.checkpoint import store
 from gpt2.launch import multinode
 from gpt2.launch.torchrun import torchrun_command
+from gpt2.root import storage
 from gpt2.train.status_file import StatusFile
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset, write_run_json
 from tests.tiers import SCENARIO

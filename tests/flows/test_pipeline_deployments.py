@@ -54,7 +54,7 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     from mlflow import MlflowClient
 
     from flows.stages import results_url
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     params = overrides(stack, **{"train.lr": 1e-3})  # a new training identity: nothing cached
     config = resolve_config("smoke", params)
@@ -71,7 +71,7 @@ def test_killed_training_is_rescheduled_and_resumes(stack):
     server_log = (Path(stack["state_dir"]) / "logs" / "server.log").read_text()
     assert any("covers event 'prefect.flow-run.Crashed'" in line and str(train.id) in line
                for line in server_log.splitlines()), server_log[-3000:]
-    from gpt2 import storage
+    from gpt2.root import storage
 
     result = storage.read_json(results_url(config, str(train.id)))
     resumed = result["resumed_from_step"]
@@ -107,8 +107,8 @@ def test_repeat_of_the_first_run_finds_every_data_task_cached(stack):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.stages import results_url
-    from gpt2 import storage
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
+    from gpt2.root import storage
 
     assert "first" in stack, "needs test_first_run_completes_on_the_pools"
     config = resolve_config("smoke", overrides(stack))

@@ -102,7 +102,7 @@ def attempts(config) -> list[dict]:
 
 def lease_holders(config) -> list[str]:
     """The flow run of every generation of the run's lease, oldest first."""
-    from gpt2 import layout, storage
+    from gpt2.root import layout, storage
 
     lease_dir = layout.lease_dir(layout_run_dir(config))
     names = sorted(n for n in storage.list_dir(lease_dir) if n.endswith(".json"))
@@ -117,8 +117,8 @@ def summary_text(stack, parent_id: str) -> str:
 
 
 def test_three_rungs_the_run_moves_down_to_the_one_with_capacity(stack):
-    from gpt2 import layout, storage
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
+    from gpt2.root import layout, storage
 
     ladder = f"gpu-spot:1.0:{SPOT_WAIT_S},gpu-sky:2.0:300,gpu:4.0"
     params = overrides(stack, **{"train.lr": 3e-3, **STEPS, "runtime.gpu_pools": ladder})
@@ -175,8 +175,8 @@ def _start_left_run_by_hand(stack, run) -> None:
 
 def test_preempted_max_times_on_a_rung_the_run_resumes_on_the_next(stack, tmp_path):
     from flows.stages import results_url
-    from gpt2 import storage
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
+    from gpt2.root import storage
 
     params = overrides(stack, **{"train.lr": 2e-3, **STEPS, "train.max_steps": 200,
                                  "runtime.gpu_pools": "gpu-sky:2.0:300:1,gpu:4.0"})
@@ -221,8 +221,8 @@ def _final_weights(config) -> dict:
     """The final checkpoint's weights (after its marker's sha256 check)."""
     import safetensors.torch
 
-    from gpt2 import storage
     from gpt2.checkpoint import catalog, store
+    from gpt2.root import storage
 
     latest = store.latest_checkpoint(config)
     assert latest and latest.endswith(f"step_{config.train.max_steps:06d}"), latest
@@ -240,7 +240,7 @@ def test_a_server_restart_while_a_run_waits_on_a_rung_the_ladder_carries_on(stac
     """The Prefect server goes away for 15 s while the training run waits on a rung
     with no capacity; back on the same port, the parent carries on from that rung's
     wait (measured on the server's own history) and moves down when it is over."""
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     params = overrides(stack, **{"train.lr": 4e-3, **STEPS, "runtime.gpu_pools": "gpu-spot:1.0:60,gpu:4.0"})
     config = resolve_config("smoke", params)

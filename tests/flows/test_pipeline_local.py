@@ -71,9 +71,9 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     import mlflow
 
     from flows.pipeline import pipeline_flow
-    from gpt2.overrides import resolve_config
-    from gpt2.storage import local_path
-    from gpt2.tracking import default_tracking_uri
+    from gpt2.config.overrides import resolve_config
+    from gpt2.root.storage import local_path
+    from gpt2.tracking.store import default_tracking_uri
 
     needles, key_file = planted_secrets
     root, work = tmp_path / "root", tmp_path / "work"
@@ -134,7 +134,7 @@ def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
                     "model_version", "stage_mlflow_run_ids"):
             assert answer[key] == again[key], key
         assert answer["mlflow_run_id"] is None and answer["bill"]["attempts"] == 0
-        assert answer["mlflow_url"].endswith(  # the training run, in the runs view (gpt2.tracking_ui.ui_link)
+        assert answer["mlflow_url"].endswith(  # the training run, in the runs view (gpt2.tracking.experiment.ui_link)
             f"/runs/{again['stage_mlflow_run_ids']['train']}?workflowType=machine_learning")
         assert snapshot(root) == before
 

@@ -73,8 +73,8 @@ def sigterm_while_running(stack, run) -> None:
 def test_sigterm_to_data_then_training_reschedules_each_and_training_resumes_from_its_checkpoint(stack):
     """The first test of this module's stack: its data stage does the work (no cache yet)."""
     from flows.stages import results_url
-    from gpt2 import storage
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
+    from gpt2.root import storage
 
     params = overrides(stack, **{"train.lr": 2e-3, **LONG_RUN})
     config = resolve_config("smoke", params)
@@ -111,7 +111,7 @@ def test_sigterm_under_flow_run_execute_reschedules(stack):
     """What the Kubernetes worker runs as the pod's PID 1, here by hand."""
     from prefect.states import Scheduled
 
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     params = overrides(stack, **{"train.lr": 4e-3, **LONG_RUN})
     config = resolve_config("smoke", params)
@@ -130,7 +130,7 @@ def _execute_sigterm_then_resume(stack, config, run) -> None:
 
     from flows import deployment_file
     from flows.stages import results_url
-    from gpt2 import storage
+    from gpt2.root import storage
 
     # The pod's environment: the reschedule behaviour, where the image keeps the code, and the
     # heartbeat the gpu pools' job templates give their pods (deployments/pools/kubernetes-gpu.json).
@@ -171,7 +171,7 @@ def test_parent_machine_death_is_rescheduled_and_completes(stack):
     """The parent's flow-run process dies (its CPU machine went away) while
     training runs: it is rescheduled, re-attaches to the training run it
     started (no second one), and completes."""
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     params = overrides(stack, **{"train.lr": 5e-3, **LONG_RUN})
     config = resolve_config("smoke", params)

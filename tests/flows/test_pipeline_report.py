@@ -8,7 +8,8 @@ import logging
 from mlflow import MlflowClient
 
 from flows.pipeline import report_runs
-from gpt2.tracking import Tracker, default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.tracker import Tracker
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tasks.tracked_runs import training_run
 

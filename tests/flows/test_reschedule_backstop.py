@@ -3,7 +3,7 @@ reschedule_in_its_place), on a real Prefect server with the project's own
 automations: a stage run still Crashed after the grace is put back exactly as
 the automation would have, and only where the automation would have.
 
-The fault soak (bench/chaos.py) found why it is needed: after a Prefect server
+The fault soak (bench/soak/run.py) found why it is needed: after a Prefect server
 restart the automation missed a training run the zombie automation had marked
 Crashed (its Crashed event followed a Running event from before the restart,
 and the restarted server holds such an event for 15 minutes), so the pipeline

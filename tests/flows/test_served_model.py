@@ -14,10 +14,10 @@ import requests
 import torch
 
 from flows.export import export_flow
-from gpt2 import layout
 from gpt2.checkpoint.store import save_checkpoint
 from gpt2.model import GPT
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout
+from gpt2.tracking.store import default_tracking_uri
 from tests.conftest import _free_port
 
 pytestmark = pytest.mark.e2e

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flows.stages import TrackingNotShared, stage_overrides
-from gpt2.overrides import resolve_config
+from gpt2.config.overrides import resolve_config
 
 
 def test_root_and_tracking_are_pinned_as_the_parent_resolved_them(tmp_path, monkeypatch):

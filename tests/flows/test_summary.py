@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flows.summary import where_things_are
-from gpt2.overrides import resolve_config
+from gpt2.config.overrides import resolve_config
 
 RESULT = {"cached_stages": [], "mlflow_url": "http://127.0.0.1:5000/#/experiments/1/runs/" + "a" * 32,
           "final_val_loss": 6.1, "checkpoint": "c", "hf_dir": "h", "llmc_bin": "l", "mlflow_run_id": "a" * 32,

@@ -70,8 +70,8 @@ def test_several_processes_run_under_torchrun(stage):
 
 @scenario
 def test_fresh_never_deletes_what_a_live_trainer_holds(stage):
-    from gpt2 import layout
     from gpt2.checkpoint.lease import Lease, LeaseHeld
+    from gpt2.root import layout
 
     config, args = stage
     first = train_flow(**args)
@@ -85,7 +85,7 @@ def test_fresh_never_deletes_what_a_live_trainer_holds(stage):
 
 
 def _flip_a_byte(checkpoint: str, name: str = "model.safetensors") -> None:
-    from gpt2 import storage
+    from gpt2.root import storage
 
     path = storage.local_path(storage.join(checkpoint, name))
     data = bytearray(path.read_bytes())

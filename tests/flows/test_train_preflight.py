@@ -9,8 +9,8 @@ import pytest
 from mlflow import MlflowClient
 
 from flows.train import train_flow
-from gpt2 import layout, storage
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout, storage
+from gpt2.tracking.store import default_tracking_uri
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
 from tests.tiers import SCENARIO
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpt2.config import ModelConfig
+from gpt2.config.sections import ModelConfig
 from gpt2.model import GPT
 
 if TYPE_CHECKING:  # imported by the test that uses it: ~4 s of every pytest worker's collection otherwise

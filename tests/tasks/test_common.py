@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpt2.identity import data_step_fingerprint, train_fingerprint
+from gpt2.config.identity import data_step_fingerprint, train_fingerprint
 from tasks.common import CODE_VERSION, identity_cache_key
 from tasks.data import step_key
 from tests.gpt2.train.fixtures import tiny_config

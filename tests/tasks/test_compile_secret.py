@@ -1,4 +1,4 @@
-"""The secret that signs a run's compiled program (gpt2.compile_cache) is kept
+"""The secret that signs a run's compiled program (gpt2.train.compile_cache) is kept
 by the Prefect API, never in the root: the first compiled run of a deployment
 makes it, every later one, on any machine, reads the same; the trainer, a
 child of the task, inherits it. A run that compiles nothing asks for none."""
@@ -9,7 +9,7 @@ import os
 
 from prefect.blocks.system import Secret
 
-from gpt2.compile_cache import SECRET_ENV
+from gpt2.train.compile_cache import SECRET_ENV
 from tasks.train import COMPILE_SECRET_BLOCK, share_compile_secret
 from tests.gpt2.train.fixtures import tiny_config
 

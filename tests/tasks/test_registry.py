@@ -10,7 +10,8 @@ from mlflow import MlflowClient
 
 from gpt2.export.hf import write_hf_dir
 from gpt2.model import GPT
-from gpt2.tracking import Tracker, default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.tracker import Tracker
 from tasks.registry import EXPORT_TAG, register_hf_model
 from tests.gpt2.train.fixtures import tiny_config
 

@@ -1,5 +1,5 @@
 """report.png tells the truth, read back from the matplotlib Figure `gpt2 report`
-draws from a real SQLite MLflow store (tests.gpt2.figure_checks): HellaSwag's
+draws from a real SQLite MLflow store (tests.gpt2.report.figure_checks): HellaSwag's
 axis spans chance to above GPT-2's figure, its scores carry their standard
 error, a score on the built-in format sample is never drawn against GPT-2's
 benchmark line, and no legend covers data."""
@@ -10,11 +10,16 @@ import pytest
 from matplotlib.container import ErrorbarContainer
 from mlflow import MlflowClient
 
-from gpt2.reference_lines import CHANCE, HELLASWAG_GPT2
-from gpt2.tracking import default_tracking_uri
+from gpt2.report.reference_lines import CHANCE, HELLASWAG_GPT2
+from gpt2.tracking.store import default_tracking_uri
 from tasks.runs_report import make_report
-from tests.gpt2.figure_checks import axes_with_label, horizontal_lines, legends, plotted_points
-from tests.gpt2.figure_checks import saved_figures  # noqa: F401 - a fixture
+from tests.gpt2.report.figure_checks import (
+    axes_with_label,
+    horizontal_lines,
+    legends,
+    plotted_points,
+    saved_figures,  # noqa: F401 - a fixture
+)
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tasks.tracked_runs import evaluate_run, training_run
 

@@ -11,10 +11,10 @@ import pytest
 from prefect._internal.result_records import ResultRecord, ResultRecordMetadata
 from prefect.serializers import JSONSerializer, PickleSerializer
 
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data.sources import SourceFiles
-from gpt2.overrides import resolve_config
-from gpt2.storage import local_path
+from gpt2.root import layout
+from gpt2.root.storage import local_path
 from tasks.results import RefusedResult, RootJSONSerializer, RootResultStorage, check_record
 
 

@@ -9,8 +9,8 @@ import asyncio
 from prefect import flow
 from prefect.states import Failed
 
-from gpt2.data.sources import SourceError
-from gpt2.overrides import resolve_config
+from gpt2.config.data import SourceError
+from gpt2.config.overrides import resolve_config
 from tasks.common import bind, not_user_error
 from tasks.data import download
 

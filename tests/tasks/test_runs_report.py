@@ -10,8 +10,9 @@ import pytest
 from mlflow import MlflowClient
 
 from gpt2.errors import UserError
-from gpt2.run_comparison import NothingToDraw
-from gpt2.tracking import Tracker, default_tracking_uri
+from gpt2.report.comparison import NothingToDraw
+from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.tracker import Tracker
 from tasks import runs_report
 from tasks.runs_report import _hellaswag_note, experiment_id, hellaswag_items, make_report, open_store, report_data
 from tests.gpt2.train.fixtures import tiny_config
@@ -158,7 +159,9 @@ def test_a_limited_or_sample_hellaswag_is_noted_from_the_runs_eval_params():
 
 
 def test_the_items_behind_an_in_loop_score_follow_the_source_and_limit():
-    from gpt2.hellaswag.items import FORMAT_SAMPLE as SAMPLE_SOURCE, HUB_SOURCES as HUB, load_rows
+    from gpt2.hellaswag.items import FORMAT_SAMPLE as SAMPLE_SOURCE
+    from gpt2.hellaswag.items import HUB_SOURCES as HUB
+    from gpt2.hellaswag.items import load_rows
 
     assert (runs_report.HUB_SOURCES, runs_report.FORMAT_SAMPLE) == (HUB, SAMPLE_SOURCE)  # copied, kept equal
     sample = len(load_rows(SAMPLE_SOURCE))

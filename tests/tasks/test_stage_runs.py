@@ -6,7 +6,7 @@ from mlflow import MlflowClient
 from prefect import flow
 
 from gpt2.checkpoint.ref import CheckpointRef
-from gpt2.tracking import default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri
 from tasks.tracking import checkpoint_tags, stage_run
 from tests.gpt2.train.fixtures import tiny_config
 

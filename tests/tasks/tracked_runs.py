@@ -1,14 +1,15 @@
 """MLflow runs made the way the stages make them, for the runs-report tests: a
-training run through gpt2.tracking.Tracker with the trainer's name, tag and
+training run through gpt2.tracking.tracker.Tracker with the trainer's name, tag and
 params (the config, flattened), and an evaluate run through
 tasks.tracking.stage_run with the evaluate task's name and checkpoint tags."""
 
 from __future__ import annotations
 
-from gpt2 import layout
 from gpt2.checkpoint.ref import CheckpointRef
-from gpt2.config import Config
-from gpt2.tracking import Tracker, default_tracking_uri
+from gpt2.config.tree import Config
+from gpt2.root import layout
+from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.tracker import Tracker
 from tasks.tracking import checkpoint_tags, stage_run
 
 

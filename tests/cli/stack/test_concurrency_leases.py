@@ -2,7 +2,7 @@
 Prefect server (cli.stack.lease_storage), on the server as `gpt2 stack up`
 starts and restarts it, for real.
 
-Found by the fault soak (bench/chaos.py): the server restarted while a
+Found by the fault soak (bench/soak/run.py): the server restarted while a
 training run was being started; the run was Cancelled ("Deployment
 concurrency slot lost during provisioning") and the pipeline failed. With
 Prefect's in-memory leases the same restart under a running training flow

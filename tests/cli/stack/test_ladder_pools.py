@@ -60,7 +60,7 @@ def test_a_rung_without_its_deployments_is_named_before_any_stage_runs(prefect_s
     """Against a real Prefect server with no deployments (flows.ladder.check_deployed,
     which the parent runs before its data stage)."""
     from flows.ladder import LadderNotDeployed, check_deployed
-    from gpt2.overrides import resolve_config
+    from gpt2.config.overrides import resolve_config
 
     config = resolve_config("smoke", {"runtime.gpu_pools": "gpu-nowhere,gpu"})
     with pytest.raises(LadderNotDeployed) as err:

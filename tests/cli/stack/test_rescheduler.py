@@ -1,7 +1,7 @@
 """The stack's rescheduler hands a run stranded in Pending back to its pool
 (cli.stack.rescheduler), on a real Prefect server.
 
-Found by the fault soak (bench/chaos.py): the cpu worker was SIGTERMed while
+Found by the fault soak (bench/soak/run.py): the cpu worker was SIGTERMed while
 it submitted a pipeline's data stage; the run sat Pending ("Submitting"),
 which no worker takes again, and its pipeline waited for its whole start
 timeout."""
@@ -30,7 +30,7 @@ def _stage() -> None:
 def pool_runs(prefect_server):
     """Runs of a deployment (one at a time, as a GPU stage's) on a pool of their own."""
     with get_client(sync_client=True) as client:
-        pool = f"rescheduler-{datetime.now().timestamp():.0f}"
+        pool = f"rescheduler-{uuid.uuid4().hex[:12]}"  # unique: two tests may start within one second
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         deployment = client.create_deployment(
             flow_id=client.create_flow(_stage), name=pool, work_pool_name=pool, concurrency_limit=1,

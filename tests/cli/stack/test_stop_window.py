@@ -10,7 +10,7 @@ import textwrap
 import time
 
 from cli.stack import processes, services
-from gpt2.kill_window import STOP_GRACE_S
+from gpt2.process.kill_window import STOP_GRACE_S
 
 # A "worker" whose flow run (its child), told to stop, takes longer than a
 # server is given to write its checkpoint; the worker itself, like Prefect's,

@@ -11,10 +11,10 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.checkpoint.lease import Lease, LeaseHeld, LeaseLost
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout, storage
+from gpt2.tracking.store import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import finish, launch, wait_for
 from tests.tiers import scenario

@@ -23,8 +23,8 @@ import torch.multiprocessing as mp
 
 from gpt2.checkpoint import store
 from gpt2.checkpoint.optim_load import owned_indices, rank_state
-from gpt2.distributed import distributed
 from gpt2.model import GPT
+from gpt2.process.distributed import distributed
 from gpt2.train.optim import load_state, make_optimizer
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train_process import run_to_end

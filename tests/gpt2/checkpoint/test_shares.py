@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import shares, store
 from gpt2.checkpoint.optim_share import state_share
 from gpt2.checkpoint.writer import CheckpointWriter
 from gpt2.model import GPT
+from gpt2.root import layout, storage
 from gpt2.train.optim import load_state, local_part, make_optimizer
 from tests.gpt2.train.fixtures import tiny_config
 from tests.tiers import scenario

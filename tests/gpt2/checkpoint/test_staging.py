@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.writer import KILL_AFTER_LOCAL_WRITE_ENV
-from gpt2.kill_window import kill_window, window_warning
+from gpt2.process.kill_window import kill_window, window_warning
+from gpt2.root import layout, storage
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import assert_same_weights
 from tests.gpt2.train.test_train_process import finish, launch, run_to_end, wait_for

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
-from gpt2.identity import train_fingerprint
+from gpt2.config.identity import train_fingerprint
 from gpt2.model import GPT
+from gpt2.root import layout, storage
 from gpt2.train.optim import make_optimizer
 from tests.gpt2.train.fixtures import tiny_config
 

@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data import prepare, sources
 from gpt2.data.disk import NotEnoughDisk, plan
-from gpt2.overrides import resolve_config
+from gpt2.root import layout
 from tests.conftest import write_jsonl
 
 

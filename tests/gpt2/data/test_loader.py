@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.data.llmc import ShardError, write_shard
 from gpt2.data.loader import TrainLoader, val_batches
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard_source import ShardSource
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
+from gpt2.root import layout, storage
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
 CPU = torch.device("cpu")

@@ -12,12 +12,13 @@ import fsspec
 import numpy as np
 import pytest
 
-from gpt2 import identity, layout
+from gpt2.config import identity
+from gpt2.config.data import SourceError
+from gpt2.config.overrides import ConfigError
 from gpt2.data import prepare
-from gpt2.data.llmc import MAGIC, make_header
 from gpt2.data.download import resolve_source
-from gpt2.data.sources import SourceError
-from gpt2.overrides import ConfigError
+from gpt2.data.llmc import MAGIC, make_header
+from gpt2.root import layout
 from gpt2.tokenizer import EOT_TOKEN
 from tests.gpt2.data.test_prepare import shards_of
 

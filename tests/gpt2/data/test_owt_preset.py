@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gpt2.config.overrides import resolve_config
+from gpt2.config.presets import OPENWEBTEXT
 from gpt2.data import prepare
 from gpt2.data.doc_split import nanogpt_val_documents
-from gpt2.overrides import resolve_config
-from gpt2.presets import OPENWEBTEXT
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
 from tests.gpt2.data.test_prepare import shards_of
 
@@ -40,7 +40,7 @@ def _documents(tokens: np.ndarray) -> list[str]:
 
 
 def test_the_preset_reads_openwebtext_as_parquet_with_nanogpts_split():
-    from gpt2.presets import PRESETS
+    from gpt2.config.presets import PRESETS
 
     config = PRESETS["gpt2-124m-owt"]()
     assert config.data.source == OPENWEBTEXT and OPENWEBTEXT.endswith(".parquet")

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 import gpt2.data.manifest as manifest_module
-from gpt2 import layout, storage
 from gpt2.data.llmc import ShardError, write_shard
 from gpt2.data.loader import TrainLoader
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard_source import ShardSource, cached_name
-from gpt2.distributed import DistEnv
+from gpt2.process.distributed import DistEnv
+from gpt2.root import layout, storage
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

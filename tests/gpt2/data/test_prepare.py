@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data import prepare, sources
 from gpt2.data.download import download_source
 from gpt2.data.llmc import ShardError, read_shard
 from gpt2.data.manifest import load_manifest, verify_manifest
 from gpt2.data.shard import split_sizes
 from gpt2.data.tokenize import EmptyCorpusError, tokenize_source
-from gpt2.overrides import resolve_config
-from gpt2.storage import StorageError, local_path
+from gpt2.root import layout
+from gpt2.root.storage import StorageError, local_path
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
 from tests.conftest import write_jsonl
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpt2 import layout, storage
 from gpt2.data.manifest import load_manifest
+from gpt2.root import layout, storage
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn

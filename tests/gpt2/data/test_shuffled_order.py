@@ -8,14 +8,14 @@ from collections import Counter
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
+from gpt2.config.identity import data_fingerprint, train_fingerprint
 from gpt2.data.loader import TrainLoader, first_reads
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard_source import ShardSource
-from gpt2.identity import data_fingerprint, train_fingerprint
-from tests.gpt2.data.test_loader import env
+from gpt2.root import layout, storage
 from gpt2.train.run import train
+from tests.gpt2.data.test_loader import env
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
 

@@ -19,14 +19,14 @@ import numpy as np
 import psutil
 import pytest
 
-from gpt2 import layout
+from gpt2.config.identity import data_fingerprint, data_step_fingerprint
+from gpt2.config.overrides import resolve_config
 from gpt2.data import sources
 from gpt2.data.download import download_source
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.tokenize_pool import TokenizeWorkerError, encode_batch, tokenize_stream
 from gpt2.errors import UserError
-from gpt2.identity import data_fingerprint, data_step_fingerprint
-from gpt2.overrides import resolve_config
+from gpt2.root import layout
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
 from tests.conftest import write_jsonl
 

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data import prepare
 from gpt2.data.download import download_source
 from gpt2.data.manifest import load_manifest
 from gpt2.data.shard import DONE_RECORD as SHARD_DONE
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.tokenized import DONE_RECORD as TOKENIZE_DONE
-from gpt2.overrides import resolve_config
-from gpt2.storage import local_path
+from gpt2.root import layout
+from gpt2.root.storage import local_path
 from tests.conftest import write_jsonl
 
 
@@ -86,7 +86,7 @@ def test_a_damaged_manifest_in_the_root_is_rebuilt(tmp_path, corpus, clean, how)
 _PREPARE = """
 import resource, signal, sys
 from gpt2.data import prepare
-from gpt2.overrides import resolve_config
+from gpt2.config.overrides import resolve_config
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
 config = resolve_config("smoke", dict(a.split("=", 1) for a in sys.argv[3:]), root=sys.argv[2])

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data import sources
 from gpt2.data.download import download_source
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.unit_pool import UnitPool
 from gpt2.data.unit_readers import iter_text_batches
 from gpt2.data.units import plan_units
-from gpt2.overrides import resolve_config
+from gpt2.root import layout
 
 
 def read_all(source: sources.SourceFiles, field: str = "text", part_tokens: int = 1 << 25) -> list[str]:

@@ -12,22 +12,22 @@ import subprocess
 import sys
 import time
 
-from gpt2 import layout
+from gpt2.config.overrides import resolve_config
 from gpt2.data.download import download_source
 from gpt2.data.shard import shard_tokens
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.tokenized import DONE_RECORD
 from gpt2.data.unit_pool import UnitPool
 from gpt2.data.units import completed, plan_units
-from gpt2.overrides import resolve_config
+from gpt2.root import layout
 
 _TOKENIZE = """
 import sys
-from gpt2 import layout
+from gpt2.root import layout
 from gpt2.data.download import download_source
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.unit_pool import UnitPool
-from gpt2.overrides import resolve_config
+from gpt2.config.overrides import resolve_config
 
 if __name__ == "__main__":
     config = resolve_config("smoke", dict(a.split("=", 1) for a in sys.argv[2:]), root=sys.argv[1])

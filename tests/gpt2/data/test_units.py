@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2 import layout, storage
-from gpt2.data import sources
+from gpt2.config.data import builtin_digest
+from gpt2.config.overrides import resolve_config
 from gpt2.data.download import download_source
 from gpt2.data.shard import shard_tokens
 from gpt2.data.tokenize import tokenize_source
 from gpt2.data.unit_pool import UnitPool
 from gpt2.data.units import plan_units, tokenize_unit
 from gpt2.data.work_unit import Unit, UnitResult
-from gpt2.overrides import resolve_config
+from gpt2.root import layout, storage
 from gpt2.tokenizer import EOT_TOKEN
 from tests.tiers import scenario
 
@@ -93,7 +93,7 @@ def stream_of(tok) -> np.ndarray:
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @scenario
 def test_shards_are_the_ones_recorded_before_units_for_any_worker_count(tmp_path, workers):
-    if sources.builtin_digest("builtin:python-docs") != PYDOC_DIGEST:
+    if builtin_digest("builtin:python-docs") != PYDOC_DIGEST:
         pytest.skip("this Python ships other pydoc topics than the ones the hashes were recorded with")
     for name, overrides in build_sources(tmp_path / "src").items():
         config = resolve_config("smoke", {**overrides, "runtime.work_dir": str(tmp_path / name / f"w{workers}")},

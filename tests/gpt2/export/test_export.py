@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint.ref import CheckpointNotFound, resolve_checkpoint
 from gpt2.checkpoint.store import save_checkpoint
 from gpt2.export import writer
 from gpt2.export.hf import write_hf_dir
 from gpt2.export.llmc import write_model_bin, write_tokenizer_bin
 from gpt2.model import GPT
-from gpt2.storage import StorageError
+from gpt2.root import layout, storage
+from gpt2.root.storage import StorageError
 from gpt2.tokenizer import get_encoding
 
 TRICKY = "Hello world!  Zoë’s crème brûlée — 二胡 🚀\n\n<|endoftext|> 12345 don't"

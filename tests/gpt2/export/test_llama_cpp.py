@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt2.config import ModelConfig
+from gpt2.config.sections import ModelConfig
 from gpt2.export.hf import to_hf_state_dict, write_hf_dir
 from gpt2.model import GPT
 

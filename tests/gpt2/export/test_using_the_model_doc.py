@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2.config import ModelConfig
+from gpt2.config.sections import ModelConfig
 from gpt2.export.hf import write_hf_dir
 from gpt2.model import GPT
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpt2.config.presets import smoke
 from gpt2.hellaswag import evaluate_hellaswag, load_items, score_items
 from gpt2.hellaswag.items import FORMAT_SAMPLE
 from gpt2.hellaswag.lm_eval_model import GPTLM
 from gpt2.hellaswag.logprobs import model_inputs, selected_logits
 from gpt2.hellaswag.scorer import item_requests
 from gpt2.model import GPT
-from gpt2.presets import smoke
 from gpt2.tokenizer import get_encoding
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint.lease import Lease
 from gpt2.data.manifest import load_manifest
 from gpt2.model import GPT
 from gpt2.preflight.__main__ import main
 from gpt2.preflight.report import ORDER
+from gpt2.root import layout, storage
 from gpt2.train import memory
 from tests.gpt2.train.fixtures import TINY, saved_bytes, tiny_config, write_dataset
 

@@ -1,5 +1,5 @@
 """The preflight compiles what the trainer compiles before it saves the run's
-compiled program (gpt2.compile_cache): the training step and the validation
+compiled program (gpt2.train.compile_cache): the training step and the validation
 pass (gpt2.train.step.warm_up). Saved without the latter, every attempt that
 loads the preflight's program would compile its validation pass cold.
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from gpt2 import compile_cache
-from gpt2.distributed import DistEnv
 from gpt2.preflight import steps
+from gpt2.process.distributed import DistEnv
+from gpt2.train import compile_cache
 from tests.gpt2.train.fixtures import tiny_config
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

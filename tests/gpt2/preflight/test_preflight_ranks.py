@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import layout
+from gpt2.root import layout
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
 from tests.tiers import SCENARIO
 

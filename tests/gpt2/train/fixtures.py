@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2.config import Config
+from gpt2.config.overrides import resolve_config
+from gpt2.config.tree import Config
 from gpt2.data import synthetic
-from gpt2.overrides import resolve_config
 
 TINY = {
     "data.name": "synthetic",

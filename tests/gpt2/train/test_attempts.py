@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import layout, storage
-from gpt2.bill import PREFIX
+from gpt2.root import layout, storage
 from gpt2.train.attempts import read_attempts
+from gpt2.train.bill import PREFIX
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.tiers import scenario
@@ -98,7 +98,7 @@ def test_sigkill_and_sigterm_attempts_are_counted_exactly_with_the_steps_redone(
 def test_cost_is_price_times_device_hours_and_lands_on_the_mlflow_run(tmp_path):
     from mlflow import MlflowClient
 
-    from gpt2.tracking import default_tracking_uri
+    from gpt2.tracking.store import default_tracking_uri
 
     price = 2.5
     config = tiny_config(tmp_path, **{"runtime.price_per_hour": price})
@@ -181,8 +181,8 @@ def test_the_first_step_and_each_checkpoint_step_are_recorded_at_once_whatever_t
     this machine keeps every step's progress for a later attempt here."""
     import json
 
-    from gpt2.bill import training_bill
     from gpt2.train.attempts import Attempt
+    from gpt2.train.bill import training_bill
     from gpt2.train.progress import StepInfo
 
     config = tiny_config(tmp_path, **{"runtime.heartbeat_s": 3600})  # checkpoint_every=2

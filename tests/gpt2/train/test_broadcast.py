@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2.distributed import DistEnv, broadcast_bytes
+from gpt2.process.distributed import DistEnv, broadcast_bytes
 from tests.tiers import SCENARIO
 
 # Ranks spawned from the warm interpreter (tests/warm_python): gloo and the code under test unchanged.

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from gpt2 import storage
 from gpt2.checkpoint import store
+from gpt2.root import storage
 from gpt2.train import compile_choice, session
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset

@@ -16,12 +16,12 @@ import logging
 import pytest
 import torch
 
-from gpt2 import compile_cache, layout, storage
-from gpt2.distributed import DistEnv
 from gpt2.model import GPT
 from gpt2.preflight import steps
 from gpt2.preflight.report import Report
-from gpt2.train import compile_choice
+from gpt2.process.distributed import DistEnv
+from gpt2.root import layout, storage
+from gpt2.train import compile_cache, compile_choice
 from gpt2.train.compile_choice import Built, CompileChoice, CompileError, choose_compile, warm_up_or_fall_back
 from gpt2.train.optim import make_optimizer
 from gpt2.train.precision import DeviceCaps

@@ -1,4 +1,4 @@
-"""A full disk during a checkpoint (the fault soak's question, bench/chaos.py):
+"""A full disk during a checkpoint (the fault soak's question, bench/soak/run.py):
 the trainer's work dir and root on a small filesystem of their own, filled
 after the step-4 checkpoint. The run fails naming the disk, the step-4
 checkpoint stays whole, and once space is freed a rerun continues from it and

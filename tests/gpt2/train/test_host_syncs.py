@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import StepContext, train_step_with_flags
 

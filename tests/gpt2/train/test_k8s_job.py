@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.launch import k8s_status, k8s_template, multinode
 from gpt2.launch.k8s_status import NodeLost, job_state, outcome
 from gpt2.train.run import Preempted

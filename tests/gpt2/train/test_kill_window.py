@@ -1,16 +1,16 @@
 """The time a SIGTERM leaves the trainer to checkpoint, per pool
-(gpt2.kill_window.kill_window), and the warning before a run whose
+(gpt2.process.kill_window.kill_window), and the warning before a run whose
 checkpoint is expected not to fit it (the launcher, `gpt2 plan`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpt2 import kill_window as preemption
-from gpt2.kill_window import STOP_GRACE_S, kill_window
+from gpt2.config.presets import gpt2_124m
+from gpt2.cost.plan import CHECKPOINT_BYTES_PER_PARAM, make_plan, model_size
 from gpt2.launch.torchrun import expected_save_warning
-from gpt2.plan import CHECKPOINT_BYTES_PER_PARAM, make_plan, model_size
-from gpt2.presets import gpt2_124m
+from gpt2.process import kill_window as preemption
+from gpt2.process.kill_window import STOP_GRACE_S, kill_window
 
 
 def _config(**runtime):

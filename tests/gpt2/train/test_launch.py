@@ -95,7 +95,7 @@ def test_torchrun_sigterm_outcome_is_preempted_and_a_training_error_is_named(tmp
 
 PARENT = """
 import json, sys
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.launch.torchrun import torchrun_train
 config = Config.model_validate(json.load(open(sys.argv[1])))
 torchrun_train(config, progress=lambda info: print("step", info.step, flush=True), log_line=lambda line: None)

@@ -8,13 +8,20 @@ import copy
 
 import torch
 
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv
 from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
-from gpt2.train.step import (RECOMPUTE_FLOOR, MemorySettings, StepContext, find_memory_fit, find_micro_batch,
-                             memory_candidates)
+from gpt2.train.step import (
+    RECOMPUTE_FLOOR,
+    MemorySettings,
+    StepContext,
+    find_memory_fit,
+    find_micro_batch,
+    memory_candidates,
+)
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 # Deep and narrow, so that blocks (not the 50304-entry logits) hold a good

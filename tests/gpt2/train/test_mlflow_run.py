@@ -3,7 +3,7 @@ else the one recorded under the run; a trainer that lost the run records nothing
 
 from __future__ import annotations
 
-from gpt2 import layout, storage
+from gpt2.root import layout, storage
 from gpt2.train import mlflow_run
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.launch import multinode
 from gpt2.launch.torchrun import torchrun_command
+from gpt2.root import layout, storage
 from gpt2.train.attempts import read_attempts
 from gpt2.train.run import PREEMPTED_EXIT_CODE
 from gpt2.train.status_file import StatusFile

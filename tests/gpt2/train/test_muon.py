@@ -12,13 +12,13 @@ import signal
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
+from gpt2.config.identity import train_fingerprint
+from gpt2.config.overrides import ConfigError
 from gpt2.errors import UserError
 from gpt2.export.hf import write_hf_dir
-from gpt2.identity import train_fingerprint
 from gpt2.model import GPT
-from gpt2.overrides import ConfigError
+from gpt2.root import layout, storage
 from gpt2.train import memory
 from gpt2.train.optim import load_state, make_optimizer, set_lr, state_bytes
 from gpt2.train.run import PREEMPTED_EXIT_CODE

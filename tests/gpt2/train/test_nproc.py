@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from gpt2.distributed import resolve_nproc, visible_gpus
+from gpt2.config.overrides import ConfigError
 from gpt2.launch import torchrun as launch
-from gpt2.overrides import ConfigError
+from gpt2.process.distributed import resolve_nproc, visible_gpus
 from tests.gpt2.train.fixtures import tiny_config
 
 
@@ -22,7 +22,7 @@ def test_auto_is_one_process_per_visible_gpu(setting, gpus, expected, caplog):
 
 
 def test_fewer_processes_than_gpus_warns_naming_the_setting(caplog):
-    with caplog.at_level(logging.WARNING, logger="gpt2.distributed"):
+    with caplog.at_level(logging.WARNING, logger="gpt2.process.distributed"):
         assert resolve_nproc(2, 8) == 2
     assert "runtime.nproc_per_node=2" in caplog.text and "2 of the 8 visible GPUs" in caplog.text
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from gpt2.config import ModelConfig, TrainConfig
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
 from gpt2.train.optim import lr_at, make_optimizer, param_groups
 

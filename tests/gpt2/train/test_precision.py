@@ -11,15 +11,14 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from gpt2 import layout, storage
-from gpt2.config import Config
-from gpt2.distributed import DistEnv
-from gpt2.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
+from gpt2.config.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
+from gpt2.config.tree import Config
 from gpt2.model import GPT
-from gpt2.tracking import default_tracking_uri
+from gpt2.process.distributed import DistEnv
+from gpt2.root import layout, storage
+from gpt2.tracking.store import default_tracking_uri
 from gpt2.train.attempts import read_attempts
-from gpt2.train.precision import (DeviceCaps, LossScaler, PrecisionError, attention_kernel, choose_precision,
-                                  device_caps)
+from gpt2.train.precision import DeviceCaps, LossScaler, PrecisionError, attention_kernel, choose_precision, device_caps
 from gpt2.train.run import train
 from gpt2.train.step import StepContext, train_step
 from tests.gpt2.train.fixtures import tiny_config, write_dataset

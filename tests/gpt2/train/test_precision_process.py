@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
+from gpt2.root import layout, storage
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
 from tests.gpt2.train.test_train_process import launch, run_to_end, sigkill, wait_for

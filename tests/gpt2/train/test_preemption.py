@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 
-from gpt2 import storage
 from gpt2.checkpoint import store
+from gpt2.root import storage
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.run import Preempted, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
@@ -63,7 +63,7 @@ def test_the_guard_holds_the_signal_then_hands_it_on(outer_handler):
 
 
 def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once():
-    before = signal.getsignal(signal.SIGINT)  # Python's, or the command's (gpt2.interrupts): both raise
+    before = signal.getsignal(signal.SIGINT)  # Python's, or the command's (gpt2.process.signals): both raise
     guard = SigtermGuard(interrupts=True)
     with guard.installed():
         os.kill(os.getpid(), signal.SIGINT)  # held: the step finishes, the checkpoint is written
@@ -126,7 +126,7 @@ FLOW_SCRIPT = """
 import json, os, signal, sys
 from prefect import flow
 from prefect.runtime import flow_run
-from gpt2.config import Config
+from gpt2.config.tree import Config
 from gpt2.train.run import train
 
 config = Config.model_validate(json.load(open(sys.argv[1])))

@@ -11,8 +11,8 @@ import os
 import signal
 from pathlib import Path
 
-from gpt2 import storage
 from gpt2.checkpoint import store
+from gpt2.root import storage
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.two_ranks import join_as, record_outcome, run_pair, spawn

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import check_shard_sizes, load_manifest
+from gpt2.root import layout, storage
 from gpt2.train.run import train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
-from gpt2.identity import SPIKE_KEYS, train_fingerprint, train_identity
+from gpt2.config.identity import SPIKE_KEYS, train_fingerprint, train_identity
+from gpt2.root import layout, storage
 from gpt2.train import rollback
 from gpt2.train.attempts import read_attempts
 from gpt2.train.run import train

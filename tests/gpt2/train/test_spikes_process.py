@@ -9,10 +9,10 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.launch.torchrun import train_stage
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout, storage
+from gpt2.tracking.store import default_tracking_uri
 from gpt2.train import rollback
 from gpt2.train.attempts import read_attempts
 from gpt2.train.session import TrainingError

@@ -12,9 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv
 from gpt2.train import memory
 from gpt2.train.optim import make_optimizer
 from gpt2.train.parallel import DDP_BUCKETS, DEFAULT_BUCKET_CAP_MB, bucket_cap_mb, wrap_ddp
@@ -159,7 +160,7 @@ def _parallel_worker(rank: int, tmp: str) -> None:
         }
         with open(f"{tmp}/rank{rank}.json", "w") as f:
             json.dump(report, f)
-        # DDP's reducer must not be what frees the group (gpt2.distributed's `_retired` says why).
+        # DDP's reducer must not be what frees the group (gpt2.process.distributed's `_retired` says why).
         del ddp, zero
     finally:
         dist.destroy_process_group()

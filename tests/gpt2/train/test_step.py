@@ -8,9 +8,10 @@ import copy
 import pytest
 import torch
 
-from gpt2.config import ModelConfig, TrainConfig
-from gpt2.distributed import DistEnv
+from gpt2.config.sections import ModelConfig
+from gpt2.config.train import TrainConfig
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import StepContext, divisors_desc, evaluate, find_micro_batch, train_step
 

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gpt2.distributed import DistEnv
 from gpt2.model import GPT
+from gpt2.process.distributed import DistEnv
 from gpt2.train.optim import make_optimizer
 from gpt2.train.step import StepContext, train_step, train_step_with_flags
 from tests.gpt2.train.fixtures import tiny_config

@@ -4,7 +4,7 @@ SXM made its MFU 18% too low)."""
 
 import pytest
 
-from gpt2.plan import gpu
+from gpt2.cost.gpus import gpu
 from gpt2.train.throughput import GPU_MEMORY_GIB, PEAK_BF16_FLOPS, mfu, peak_flops_of
 
 

@@ -2,7 +2,7 @@
 checkpoint, MLflow back, the run resumed: the training run's curves hold every
 step once, none missing (the checkpoint keeps the points MLflow never had,
 gpt2.train.checkpoint_state's tracking_backlog; the resumed tracker skips the
-steps the run already holds). The question the fault soak (bench/chaos.py)
+steps the run already holds). The question the fault soak (bench/soak/run.py)
 asks of the MLflow server away for minutes, at the moment that loses most."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PER_STEP = ("train/loss", "train/lr", "train/grad_norm")
 
 
 def test_mlflow_away_then_sigkill_leaves_no_gap_and_no_step_twice(tmp_path):
-    from gpt2 import layout
+    from gpt2.root import layout
 
     blocked = tmp_path / "tracking"
     blocked.write_text("not a directory")  # SQLite cannot open the store: MLflow is away

@@ -10,11 +10,11 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
-from gpt2.identity import train_fingerprint
+from gpt2.config.identity import train_fingerprint
 from gpt2.model import GPT
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import layout, storage
+from gpt2.tracking.store import default_tracking_uri
 from gpt2.train.attempts import read_attempts
 from gpt2.train.memory import cpu_limit
 from gpt2.train.run import train

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2 import layout, storage
 from gpt2.checkpoint import store
 from gpt2.checkpoint.lease import Lease
+from gpt2.root import layout, storage
 from gpt2.train.run import PREEMPTED_EXIT_CODE, train
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train import weights

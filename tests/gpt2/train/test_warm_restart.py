@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt2 import compile_cache, layout, storage
 from gpt2.checkpoint import store
+from gpt2.root import layout, storage
+from gpt2.train import compile_cache
 from tests.gpt2.train.fixtures import tiny_config, write_dataset, write_run_json
 from tests.gpt2.train.test_train_process import REPO, finish
 from tests.tiers import SCENARIO

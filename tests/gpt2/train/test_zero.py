@@ -10,9 +10,9 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from gpt2 import storage
 from gpt2.checkpoint import store
-from gpt2.tracking import default_tracking_uri
+from gpt2.root import storage
+from gpt2.tracking.store import default_tracking_uri
 from tests.gpt2.train.fixtures import tiny_config, write_dataset
 from tests.gpt2.train.test_train import weights
 from tests.gpt2.train.test_train_process import run_to_end

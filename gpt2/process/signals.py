@@ -1,0 +1,54 @@
+"""Signals that stop a process: whether this one was asked to stop by Ctrl-C
+(SIGINT), and a child tied to its parent, so that the parent's death reaches it
+as a SIGTERM. Torch-free, so the CLI can use it before it imports anything heavy.
+
+Prefect's engines swallow a KeyboardInterrupt that arrives just after a flow's
+or task's own code has finished (its state is final by then), and the run
+carries on. The command-line records the Ctrl-C here as it raises it, so the
+pipeline's stage runner stops before its next stage even when Prefect did not.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+_requested = threading.Event()
+
+
+def requested() -> bool:
+    return _requested.is_set()
+
+
+def _on_ctrl_c(signum, frame) -> None:
+    _requested.set()
+    raise KeyboardInterrupt
+
+
+def watch() -> None:
+    """In the main thread of a command: a Ctrl-C is recorded, then raised as
+    Python's default handler does. A process that ignores SIGINT (a shell's
+    background job) keeps ignoring it."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_ctrl_c)
+
+
+def stop_if_requested() -> None:
+    """Between units of work (a pipeline's stages): a Ctrl-C that was swallowed stops here."""
+    if _requested.is_set():
+        raise KeyboardInterrupt
+
+
+def terminate_with_parent() -> None:
+    """For the children the project starts (torchrun, the preflight, Prefect's
+    temporary server). In a child, before exec: SIGTERM it when its parent dies (Linux), so it
+    never outlives the process that started it, even one that was SIGKILLed:
+    a trainer then checkpoints and exits instead of training on unowned, a
+    server stops instead of holding its port and database."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
