@@ -39,6 +39,7 @@ def prepare(
 ) -> None:
     """Tokenize the corpus into llm.c shards under the artifact root (cached: a
     rerun skips finished work, a killed run continues where it stopped)."""
+    _check_source(load_config(preset, sets, root))
     _, result = run_flow("flows.data:data_flow", preset, sets, root, verbose=verbose)
     emit(
         result,
@@ -85,6 +86,16 @@ def train(
     if val is not None:
         summary += f", val loss {val:.4f}"
     emit(result, as_json, f"{summary}\ncheckpoint: {result['checkpoint']}\n{describe_bill(result.get('bill'))}")
+
+
+def _check_source(config) -> None:
+    """A mistyped local data.source (a glob that matches nothing, a folder without nanoGPT's
+    pair) is answered in the command's first second, once, before any server starts."""
+    from gpt2.data.download import source_problem
+
+    problem = source_problem(config)
+    if problem:
+        fail(problem)
 
 
 def _check_device(config) -> None:
@@ -157,6 +168,7 @@ def run(
 
         fail(IN_PROCESS)
     _check_device(config)
+    _check_source(config)
     # Any stage's error ends the pipeline; the flow already logged its traceback.
     config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, verbose=verbose,
                               errors=(Exception,))

@@ -39,6 +39,9 @@ from gpt2.secrets import URL_FIELDS, redact, url_has_credentials
 
 ROOT_SCHEMES = ("file", "gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "memory")
 """Artifact-root schemes the project supports (local disk, GCS, S3, Azure, fsspec's in-memory store)."""
+BUCKET_SCHEMES = ("gs", "gcs", "s3", "s3a", "az", "abfs", "abfss")
+"""Schemes whose URL starts with a bucket (or container): `s3://` alone names none, and fsspec would
+take it for a local folder named `s3:` (a run would train into it, its MLflow store elsewhere)."""
 
 CREDENTIALS = PydanticCustomError(
     "credentials_in_url",
@@ -56,6 +59,15 @@ def root_schemes() -> set[str]:
     return set(ROOT_SCHEMES) | {p for p in registry if p not in known_implementations}
 
 
+def _root_place(root: str, scheme: str) -> str:
+    """What a root URL names after its scheme: the bucket for a bucket scheme, the path for
+    `file://`; `memory://` needs nothing (its own store's top)."""
+    rest = root.split("://", 1)[1]
+    if scheme in BUCKET_SCHEMES:
+        return rest.split("/", 1)[0].strip()
+    return "memory" if scheme == "memory" else rest.strip().strip("/") or ("/" if rest.startswith("/") else "")
+
+
 def cross_field_errors(config: Any) -> list[InitErrorDetails]:
     """The problems of a whole config (its sections as attributes), each a pydantic
     error on its own field. Called by the config's own validator, so this module
@@ -68,6 +80,13 @@ def cross_field_errors(config: Any) -> list[InitErrorDetails]:
         error = PydanticCustomError(
             "root_scheme", "the scheme '{scheme}' is not supported for an artifact root; use a local path or a "
             "{schemes} URL", {"scheme": match.group(1), "schemes": ", ".join(s + "://" for s in ROOT_SCHEMES)})
+        errors.append(InitErrorDetails(type=error, loc=("runtime", "root"), input=redact(config.runtime.root)))
+    elif match and not _root_place(config.runtime.root, match.group(1).lower()):
+        scheme = match.group(1).lower()
+        what = "bucket" if scheme in BUCKET_SCHEMES else "path"
+        example = f"{scheme}://BUCKET/PREFIX" if scheme in BUCKET_SCHEMES else f"{scheme}:///abs/path or a plain path"
+        error = PydanticCustomError("root_place", "names no {what} after '{scheme}://': give one, e.g. {example}",
+                                    {"what": what, "scheme": scheme, "example": example})
         errors.append(InitErrorDetails(type=error, loc=("runtime", "root"), input=redact(config.runtime.root)))
     tokens, T = config.train.total_batch_tokens, config.model.block_size
     if tokens % T:

@@ -16,7 +16,8 @@ from gpt2.data import sources
 from gpt2.data.disk import check_disk
 from gpt2.data.nanogpt_bin import resolve_token_files
 from gpt2.data.tokenized import tokens_done
-from gpt2.root import layout
+from gpt2.errors import UserError
+from gpt2.root import layout, storage
 
 
 def resolve_source(cfg: DataConfig) -> sources.SourceFiles:
@@ -26,6 +27,26 @@ def resolve_source(cfg: DataConfig) -> sources.SourceFiles:
     if cfg.source_format == "nanogpt-bin":
         return resolve_token_files(cfg)
     return sources.resolve(cfg)
+
+
+def source_problem(config: Config) -> str | None:
+    """What is wrong with a local or built-in `data.source`, said before anything starts (`gpt2
+    prepare`, `gpt2 run`: no server, no stage, one line) rather than from inside the data stage
+    after a server start. None when it resolves, when it is remote (the network may take a while:
+    the data stage says it there), or when the data is prepared already (a source removed after
+    its shards were made is rightly not needed)."""
+    if sources.is_remote(config.data.source):
+        return None
+    try:
+        resolve_source(config.data)
+        return None
+    except UserError as err:
+        problem = str(err)
+    try:
+        prepared = storage.exists(layout.manifest(config))
+    except Exception:  # noqa: BLE001 - a root that does not answer is the root check's to name
+        return None
+    return None if prepared else problem
 
 
 def download_source(config: Config) -> sources.SourceFiles:

@@ -218,3 +218,40 @@ def test_a_bucket_root_that_does_not_answer_is_named_before_anything_runs(comman
     assert out.exit_code == 1, out.output
     assert "artifact root s3://unreachable-bucket/gpt2 cannot be reached (EndpointConnectionError" in out.output
     assert not (tmp_path / "work").exists()  # no stage ran: no data, no Prefect database
+
+
+@pytest.mark.parametrize("command", ["prepare", "run"])
+@pytest.mark.parametrize(("source", "says"), [
+    ("nothing-*.jsonl", "no files match"),
+    ("nanogpt-dir", "lacks val.bin and train.bin"),
+])
+def test_a_missing_local_source_is_answered_once_before_any_server_or_stage(command, source, says, tmp_path,
+                                                                              monkeypatch):
+    """#64 item 3: a mistyped data.source used to answer after the Prefect server's start, five times."""
+    import cli.stages
+
+    flows_run = []
+    monkeypatch.setattr(cli.stages, "run_flow", lambda *a, **kw: flows_run.append(a))
+    (tmp_path / "nanogpt-dir").mkdir()  # a folder without nanoGPT's train.bin/val.bin
+    fmt = ["--set", "data.source_format=nanogpt-bin"] if source == "nanogpt-dir" else []
+    out = CliRunner().invoke(app, [command, "--preset", "smoke", "--root", str(tmp_path / "root"),
+                                   "--set", f"data.source={tmp_path / source}", *fmt,
+                                   "--set", f"runtime.work_dir={tmp_path / 'work'}"])
+    assert out.exit_code == 1, out.output
+    assert out.output.count(says) == 1 and out.output.startswith("error: "), out.output
+    assert flows_run == [] and not (tmp_path / "work").exists()  # no stage, no Prefect database
+
+
+def test_a_prepared_dataset_whose_local_source_is_gone_still_runs(tmp_path, monkeypatch):
+    import cli.stages
+    from gpt2.config.overrides import resolve_config
+
+    flows_run = []
+    answer = {"cached": True, "shards": 3, "train_tokens": 8192, "val_tokens": 1024, "manifest": "m"}
+    monkeypatch.setattr(cli.stages, "run_flow", lambda *a, **kw: flows_run.append(a) or (None, answer))
+    sets = {"data.source": str(tmp_path / "removed.jsonl"), "runtime.work_dir": str(tmp_path / "work")}
+    write_dataset(resolve_config("smoke", sets, root=str(tmp_path / "root")))
+    out = CliRunner().invoke(app, ["prepare", "--preset", "smoke", "--root", str(tmp_path / "root"),
+                                   *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]])
+    assert out.exit_code == 0, out.output
+    assert len(flows_run) == 1

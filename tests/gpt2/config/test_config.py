@@ -80,6 +80,22 @@ def test_a_bad_value_exits_2_before_any_server_or_write(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written: no lease, no attempt record
 
 
+@pytest.mark.parametrize(("root", "says"), [
+    ("s3://", "names no bucket after 's3://'"), ("gs://", "e.g. gs://BUCKET/PREFIX"), ("s3:///prefix", "s3://"),
+    ("gcs://  ", "gcs://BUCKET/PREFIX"), ("file://", "names no path after 'file://'")])
+def test_a_root_that_names_no_bucket_or_path_is_refused_where_it_enters(root, says):
+    # `--root s3://` used to train into a local folder named `s3:` with MLflow in the default store.
+    with pytest.raises(ConfigError) as info:
+        resolve_config("smoke", root=root)
+    [problem] = info.value.problems
+    assert "runtime.root" in problem and says in problem
+
+
+@pytest.mark.parametrize("root", ["s3://bucket", "gs://b/prefix", "file:///", "file:///tmp/x", "memory://", "memory://r"])
+def test_a_root_with_its_bucket_or_path_is_accepted(root):
+    assert resolve_config("smoke", root=root).runtime.root == root
+
+
 @pytest.mark.parametrize("root", ["ftp://x/y", "http://example.com/root", "hf://datasets/me/x"])
 def test_a_root_whose_scheme_is_not_supported_is_refused_naming_it(root):
     # ftp:// used to be accepted and fail 14 s later in a DNS lookup of host x.
