@@ -148,6 +148,12 @@ def test_the_folders_import_downwards_only():
     assert not upward, "\n".join(upward)
 
 
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_a_circle_is_found_however_it_is_hidden(tmp_path):
     """The check can fail: a circle closed by an import in a function, one under TYPE_CHECKING,
     a relative import and `from pkg import module` is each found and named with its lines; a
@@ -163,9 +169,7 @@ def test_a_circle_is_found_however_it_is_hidden(tmp_path):
         "app/__init__.py": "",
         "app/main.py": "import lib.a\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    _write(tmp_path, files)
     graph = import_graph(tmp_path, ("lib", "app"))
     assert graph["lib.face.inner"] == {"lib.face.other": 1} and graph["app.main"] == {"lib.a": 1}
     (circle,) = import_cycles(graph)
@@ -189,9 +193,7 @@ def test_a_circle_between_packages_is_found_where_no_modules_form_one(tmp_path):
         "lib/three/r.py": "",
         "lib/four/__main__.py": "from lib.four import q\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    _write(tmp_path, files)
     graph = import_graph(tmp_path, ("lib",))
     assert not import_cycles(graph)
     packages = package_graph(graph)
