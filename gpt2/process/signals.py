@@ -10,11 +10,13 @@ pipeline's stage runner stops before its next stage even when Prefect did not.
 
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
 import threading
 
 _requested = threading.Event()
+_unraisable_hook = sys.unraisablehook
 
 
 def requested() -> bool:
@@ -26,13 +28,31 @@ def _on_ctrl_c(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _on_unraisable(unraisable) -> None:
+    """A Ctrl-C that lands while a finalizer runs (an object's __del__, a weakref callback: asyncio's
+    transports, SQLAlchemy's registries) cannot stop anything there: Python prints it as "Exception
+    ignored in ..." with a traceback and carries on. It is raised again in the main thread a moment
+    later, once the finalizer has returned (raised from this hook it would be ignored the same way);
+    nothing is printed."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt) and _requested.is_set() and \
+            signal.getsignal(signal.SIGINT) is _on_ctrl_c:  # not a trainer's own "finish the step" handler
+        later = threading.Timer(0.05, _thread.interrupt_main)
+        later.daemon = True
+        later.start()
+        return
+    _unraisable_hook(unraisable)
+
+
 def watch() -> None:
     """In the main thread of a command: a Ctrl-C is recorded, then raised as
     Python's default handler does. A process that ignores SIGINT (a shell's
     background job) keeps ignoring it."""
+    global _unraisable_hook
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_ctrl_c)
+        if sys.unraisablehook is not _on_unraisable:
+            _unraisable_hook, sys.unraisablehook = sys.unraisablehook, _on_unraisable
 
 
 def stop_if_requested() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +43,39 @@ def test_an_ignored_ctrl_c_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+FINALIZER = """
+import gc, os, signal, sys, time
+from gpt2.process import signals
+
+signals.watch()
+
+class Transport:
+    def __del__(self):  # as asyncio's transports and SQLAlchemy's registries: the Ctrl-C lands in here
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):
+            pass
+
+try:
+    Transport()
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pass
+    print("carried on")
+except KeyboardInterrupt:
+    print("stopped")
+"""
+
+
+def test_a_ctrl_c_that_lands_in_a_finalizer_stops_the_program_and_prints_no_traceback():
+    """Found by tests/cli/test_ctrl_c.py: a Ctrl-C during the evaluate stage landed in asyncio's
+    `_SelectorTransport.__del__`; Python printed "Exception ignored ... KeyboardInterrupt" with a
+    traceback and the stage carried on to its end."""
+    repo = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", FINALIZER], cwd=repo, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(repo)},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert out.stdout.strip() == "stopped", (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
