@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import gc
 
-import typer
+from gpt2.process.console import survive_closed_console
 
-from cli import config, plan, preflight, report, stages
-from cli.common import defer_errors_to_exit
-from cli.stack import commands as stack_commands
+# First, before Prefect's console handler binds sys.stderr: a console that goes away (`| tee`
+# ended by the same Ctrl-C) must not end the run (gpt2.process.console).
+survive_closed_console()
+
+import typer  # noqa: E402
+
+from cli import config, plan, preflight, report, stages  # noqa: E402
+from cli.common import defer_errors_to_exit  # noqa: E402
+from cli.stack import commands as stack_commands  # noqa: E402
 
 app = typer.Typer(
     name="gpt2",

@@ -27,6 +27,7 @@ from pathlib import Path
 from gpt2.config.tree import Config
 from gpt2.data.epoch import with_resolved_steps
 from gpt2.errors import UserError
+from gpt2.process.console import survive_closed_console
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
 from gpt2.train.status_file import StatusFile
@@ -68,6 +69,7 @@ def _reporter(rank: int, max_steps: int, status: StatusFile | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    survive_closed_console()  # `torchrun ... | tee`: a Ctrl-C that ends tee must not end the checkpoint
     args = _parse(argv)
     rank = _rank()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,

@@ -126,3 +126,39 @@ def test_a_command_killed_outright_leaves_no_server_behind(place):
     while (left := _nothing_left(place)) and time.monotonic() < deadline:
         time.sleep(1)
     assert left == []
+
+
+def test_ctrl_c_under_tee_keeps_the_checkpoint_and_exits_130(place):
+    """`gpt2 run ... 2>&1 | tee run.log` and Ctrl-C in training (#64 item 1): the same SIGINT ends
+    tee, and the next write to the dead pipe used to end the run (rich's SystemExit) with exit 1 and
+    no checkpoint. Its own root and work dir: the test above leaves its run trained."""
+    from gpt2.checkpoint import store
+    from gpt2.config.overrides import resolve_config
+
+    base = place["base"] / "tee"
+    args = [a.replace(str(place["base"] / "root"), str(base / "root")).replace(str(place["base"] / "work"),
+                                                                               str(base / "work"))
+            for a in place["args"]]
+    config = resolve_config("smoke", [a for a in args[3:] if a != "--set"])
+    status = base / "status"
+    line = " ".join([sys.executable, "-m", "cli.main", *args]) + \
+        f" 2>&1 | tee {base / 'run.log'}; echo ${{PIPESTATUS[0]}} > {status}"
+    base.mkdir()
+    proc = subprocess.Popen(["bash", "-c", line], cwd=REPO, env=place["env"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any((base / "root" / "runs").glob("*/lease/*")):
+        assert proc.poll() is None and time.monotonic() < deadline, (base / "run.log").read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=TIMEOUT_S)
+    (log_file,) = (base / "work" / "logs").glob("*.log")
+    kept = log_file.read_text()
+    assert status.read_text().strip() == "130", kept[-3000:]
+    latest = store.latest_checkpoint(config)
+    assert latest and 0 < int(latest.rsplit("_", 1)[1]) < config.train.max_steps, kept[-3000:]
+    assert f"stopped by Ctrl-C after step {int(latest.rsplit('_', 1)[1])}" in kept
+    time.sleep(1)
+    assert _nothing_left(place) == []

@@ -1,0 +1,79 @@
+"""Console output that can die without taking the run with it.
+
+A terminal's Ctrl-C reaches every process of its foreground group: under
+`gpt2 run ... 2>&1 | tee run.log` (the habit llm.c's and nanoGPT's scripts
+teach) it ends `tee` too, and the next write to the pipe fails (EPIPE; a
+hung-up terminal or a closed ssh session gives EIO). Python raises
+BrokenPipeError there, and rich, which draws Prefect's console log, turns it
+into SystemExit(1): either one ended a run in the middle of its Ctrl-C
+checkpoint. `survive_closed_console()` wraps stdout and stderr so that a write
+that finds the console gone marks it gone: from then on the stream (and its
+file descriptor, pointed at /dev/null, so that C code and rich's own checks
+find a working file) takes every write and drops it. The log file keeps
+everything; what the run must do never waits on the console.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Any, TextIO
+
+GONE = (errno.EPIPE, errno.EIO)
+"""A write error that means the reader is gone (a closed pipe, a hung-up terminal), not a bug."""
+
+
+class ConsoleStream:
+    """A text stream that outlives its reader: see the module docstring."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except OSError as err:
+                if err.errno not in GONE:
+                    raise
+                self._lose()
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except OSError as err:
+                if err.errno not in GONE:
+                    raise
+                self._lose()
+
+    def _lose(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+            self._stream.flush()  # what the failed write left in the buffer goes to /dev/null
+        except (OSError, ValueError, AttributeError):
+            pass  # no descriptor of its own (a test's StringIO) or already closed: the flag is enough
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, isatty, buffer, ...
+        return getattr(self._stream, name)
+
+
+def survive_closed_console() -> None:
+    """Wrap sys.stdout and sys.stderr (once). Call it before anything keeps a reference to
+    them: Prefect's console handler resolves `ext://sys.stderr` when it is configured."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, ConsoleStream):
+            setattr(sys, name, ConsoleStream(stream))
