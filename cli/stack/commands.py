@@ -161,8 +161,12 @@ def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> 
     from cli.stack import services
 
     result = services.status(_state_dir(state_dir))
+    mlflow_up = result["parts"].get("mlflow", {}).get("healthy")
+    # The runs table, as `up` prints it: the bare address opens MLflow's GenAI view in a fresh browser.
+    result["mlflow_runs_url"] = _runs_page(result["mlflow_url"], result["root"]) if mlflow_up else None
     lines = [f"{'healthy' if result['healthy'] else 'NOT healthy' if result['up'] else 'not up'}",
-             f"Prefect API: {result['prefect_api_url']}", f"MLflow:      {result['mlflow_url']}",
+             f"Prefect API: {result['prefect_api_url']}",
+             f"MLflow UI:   {result['mlflow_runs_url'] or result['mlflow_url']}",
              f"artifacts:   {result['root']}"]
     lines += [f"auth string: {result['prefect_auth_file']}"] if result["up"] else []
     lines += [f"{name:12} {'ok' if p['alive'] and p.get('healthy', True) else 'DOWN'} (pid {p['pid']}, log {p['log']})"

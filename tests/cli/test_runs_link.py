@@ -19,7 +19,10 @@ from gpt2.root import layout
 from gpt2.tracking.experiment import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_MODE_QUERY
 
 
-def test_the_stack_link_opens_the_runs_table_of_the_experiment_the_stages_use(tmp_path):
+def test_the_stack_link_opens_the_runs_table_of_the_experiment_the_stages_use(tmp_path, monkeypatch):
+    # A new SQLite store's first use migrates MLflow's schema: seconds of CPU, more on a loaded machine
+    # than `up`'s 15 s wait (which is for a server that never answers, tested below).
+    monkeypatch.setattr(commands, "LINK_LOOKUP_S", 600)
     store, root = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "root").as_uri()
     link = _runs_page(store, root)
     config = Config(runtime=RuntimeConfig(root=root))

@@ -76,8 +76,9 @@ def test_up_status_down_in_a_fresh_home(home, tmp_path):
 
     status = last_json(gpt2(env, cwd, "stack", "status", "--json"))
     assert status["healthy"] and status["active_profile"] == "gpt2-local"
-    assert {k: status[k] for k in ("prefect_api_url", "mlflow_url", "root")} == {
-        k: up[k] for k in ("prefect_api_url", "mlflow_url", "root")}
+    assert {k: status[k] for k in ("prefect_api_url", "mlflow_url", "root", "mlflow_runs_url")} == {
+        k: up[k] for k in ("prefect_api_url", "mlflow_url", "root", "mlflow_runs_url")}
+    assert status["mlflow_runs_url"].startswith(up["mlflow_url"] + "/#/experiments/")  # the runs table, as up's
     again = last_json(gpt2(env, cwd, "stack", "up", "--json"))
     assert again["already_up"] and {n: p["pid"] for n, p in again["parts"].items()} == pids
 
