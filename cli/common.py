@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import typer
 
+from flows.summary import SUMMARY_RECORD
 from gpt2.config.overrides import ConfigError, resolve_config
 from gpt2.config.presets import PRESETS
 from gpt2.config.tree import Config
@@ -150,11 +151,13 @@ def check_root(config: Config) -> str | None:
     if root.startswith("memory://"):  # this process's own: nothing to ask
         return None
     if root not in _ROOT_CHECKED:
-        if not root.startswith("file://"):
-            try:
+        try:
+            if root.startswith("file://"):
+                storage.check_not_a_file(root)
+            else:
                 storage.check_reachable(root)
-            except storage.StorageError as err:
-                fail(str(err))
+        except storage.StorageError as err:
+            fail(str(err))
         try:
             storage.check_writable(root)
             _ROOT_CHECKED[root] = None
@@ -278,6 +281,20 @@ class _HideUserTraceback:
 
 _LOG_FILE: list[Path] = []  # where this command's full log goes, once run_flow has set it up
 
+ASKED_STOP = "aborted by an interrupt signal"
+"""How Prefect's engine words a run it ended on KeyboardInterrupt ("Crash detected! Execution was
+aborted by an interrupt signal."), at ERROR level, once for every flow and task run it was in."""
+
+
+def _console_shows(record: logging.LogRecord) -> bool:
+    """A console handler's filter; the log file keeps every record. After the user's Ctrl-C,
+    Prefect's red crash lines for it are not shown (the run is still Crashed, for the automations):
+    the command's own last line says what was kept; any other error still shows. The pipeline's
+    summary is not shown as a log line: the command prints it itself, once."""
+    if getattr(record, SUMMARY_RECORD, False):
+        return False
+    return not (record.levelno >= logging.ERROR and signals.requested() and ASKED_STOP in record.getMessage())
+
 
 def log_to_file(config: Config, verbose: bool) -> Path:
     """Every log record of this command, tracebacks included, to
@@ -293,9 +310,10 @@ def log_to_file(config: Config, verbose: bool) -> Path:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
-    if not verbose:
-        for console in root.handlers:
-            if isinstance(console, logging.StreamHandler) and not isinstance(console, logging.FileHandler):
+    for console in root.handlers:
+        if isinstance(console, logging.StreamHandler) and not isinstance(console, logging.FileHandler):
+            console.addFilter(_console_shows)
+            if not verbose:
                 console.format = _HideUserTraceback(console.format, path)
     _LOG_FILE[:] = [path]
     return path

@@ -122,7 +122,8 @@ def describe(p: dict[str, Any]) -> str:
         ("throughput", f"{p['tokens_per_second']:,.0f} tokens/s at {p['assumed_mfu']:.1%} MFU ({p['mfu_from']})"
          .replace(".0% MFU", "% MFU")),
         ("time", f"{p['hours']:,.2f} h{_days(p['hours'])} ({p['validation_passes']} validation passes included)"),
-        ("sessions", f"{p['sessions']:,} of {p['session_hours']:g} h (a free tier's limit), ~{p['steps_per_session']:,} "
+        ("sessions", f"{p['sessions']:,} session(s) of {p['session_hours']:g} h each (a free tier's limit), "
+                     f"~{p['steps_per_session']:,} "
                      f"steps each; each resumes from the last checkpoint and redoes at most "
                      f"~{60 * p['redo_hours_per_session']:,.0f} min (train.checkpoint_every)" + _redo(p)),
         ("GPU-hours", f"{p['gpu_hours']:,.2f}"),

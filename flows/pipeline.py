@@ -23,7 +23,7 @@ from prefect.runtime import deployment, flow_run
 
 from flows.entry import flow_main
 from flows.stages import run_stage_deployment, stage_overrides
-from flows.summary import where_things_are
+from flows.summary import SUMMARY_RECORD, where_things_are
 from gpt2.config.overrides import resolve_config
 from gpt2.config.tree import Config
 from gpt2.data.epoch import EPOCH, with_resolved_steps
@@ -198,7 +198,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
         report_runs(parent, config, results["train"].get("mlflow_run_id"), logger)
     # What `gpt2 run` prints, for a run started from a deployment too: in the log and as an artifact.
     text = where_things_are(config, summary)
-    logger.info("%s", text)
+    logger.info("%s", text, extra={SUMMARY_RECORD: True})
     create_markdown_artifact(f"```\n{text}\n```", key="pipeline-summary",
                              description="What this pipeline run did: checkpoint, exports, MLflow, bill")
     return summary

@@ -11,6 +11,10 @@ from typing import Any
 from gpt2.config.tree import Config
 from gpt2.report.reference_lines import HELLASWAG_GPT2
 
+SUMMARY_RECORD = "pipeline_summary"
+"""Marks the summary's log record (`extra={SUMMARY_RECORD: True}`): `gpt2 run` prints the summary
+itself, so its console leaves the record out (the log file and Prefect's run log keep it)."""
+
 
 def describe_bill(bill: dict[str, Any] | None) -> str:
     """One line of the bill (gpt2.train.bill; docs/plan.md, "What a run cost", says what each figure means)."""
@@ -27,6 +31,11 @@ def describe_bill(bill: dict[str, Any] | None) -> str:
         line += "\n  by pool: " + "; ".join(
             f"{pool} {part['attempts']} attempt(s), {part['device_hours']:,.3f} device-hours, cost "
             + (f"{part['cost']:,.2f}" if part.get("cost") is not None else "unknown") for pool, part in pools.items())
+        rest = bill["device_hours"] - sum(part["device_hours"] for part in pools.values())
+        if rest >= 0.0005:  # so the pools add up to the total at a glance
+            unknown = (bill.get("pools") or {}).get("unknown") or {}
+            line += (f"; no pool recorded {unknown.get('attempts', 0)} attempt(s), {rest:,.3f} device-hours "
+                     "(run outside a work pool, or before the pool was recorded)")
     return line
 
 

@@ -27,14 +27,33 @@ class ConfigError(ValueError):
         )
 
 
+REFERENCE_NAMES = {
+    # nanoGPT's train.py configurator
+    "learning_rate": "train.lr", "max_iters": "train.max_steps", "lr_decay_iters": "train.max_steps",
+    "warmup_iters": "train.warmup_steps", "min_lr": "train.min_lr_ratio", "batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.total_batch_tokens", "beta1": "train.betas", "beta2": "train.betas",
+    "eval_interval": "train.eval_every", "eval_iters": "train.val_steps", "dtype": "train.precision",
+    "out_dir": "runtime.root", "dataset": "data.source", "wandb_log": "tracking.enabled",
+    "always_save_checkpoint": "train.checkpoint_every",
+    # llm.c's train_gpt2.py / train_gpt2.cu flags, spelled out
+    "num_iterations": "train.max_steps", "total_batch_size": "train.total_batch_tokens",
+    "sequence_length": "model.block_size", "learning_rate_decay_frac": "train.min_lr_ratio",
+    "val_loss_every": "train.eval_every", "val_max_steps": "train.val_steps", "output_dir": "runtime.root",
+}
+"""Names people bring from the reference projects (nanoGPT, llm.c), section or none, and ours."""
+
+
 def closest(name: str, known: Iterable[str], cutoff: float = 0.6) -> list[str]:
     """What a mistyped key or preset most likely meant: the keys with the same
-    last part in another section (`model.max_steps` -> train.max_steps), else the
-    nearest spellings (`train.max_step` -> train.max_steps, `small` -> smoke)."""
+    last part in another section (`model.max_steps` -> train.max_steps, `n_layer`
+    -> model.n_layer), a reference project's name for it (`learning_rate` ->
+    train.lr, `max_iters` -> train.max_steps), else the nearest spellings
+    (`train.max_step` -> train.max_steps, `small` -> smoke)."""
     known = sorted(known)
     leaf = name.split(".")[-1]
     same_leaf = [k for k in known if "." in k and k.split(".")[-1] == leaf]
-    return same_leaf or difflib.get_close_matches(name, known, n=2, cutoff=cutoff)
+    ours = [REFERENCE_NAMES[leaf]] if REFERENCE_NAMES.get(leaf) in known else []
+    return list(dict.fromkeys(ours + same_leaf)) or difflib.get_close_matches(name, known, n=2, cutoff=cutoff)
 
 
 def _where(loc: tuple) -> str:

@@ -104,7 +104,11 @@ def _mfu(config: Config, g: Gpu, given: float | None) -> tuple[float, str]:
     found = measured_mfu(g, config.preset)
     if found is not None:
         return found
-    return ASSUMED_MFU, f"assumed: no measurement of {config.preset} on {g.name} in the GPU records"
+    why = f"assumed: no measurement of {config.preset} on {g.name} in the GPU records"
+    if g.peak_flops is None:  # T4, V100, P100: fp16 with loss scaling, where no published run of this model is known
+        why += (f"; optimistic on a card without bf16 such as the {g.name}: expect it slower; gpt2 preflight "
+                "measures it in minutes")
+    return ASSUMED_MFU, why
 
 
 def plan_precision(config: Config, g: Gpu) -> tuple[str, str]:

@@ -286,6 +286,18 @@ def check_writable(root: str) -> None:
         ) from err
 
 
+def check_not_a_file(root: str) -> None:
+    """A local root that is a file, or lies under one, can never be a folder: say that, not
+    "not writable" (which sends the user looking at permissions)."""
+    path = local_path(root)
+    if path is None:
+        return
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under a file ({existing})"
+        raise StorageError(f"artifact root {root} {where}, not a folder: pass a folder (or a new path) as --root")
+
+
 def check_reachable(root: str) -> None:
     """Fail early, naming the root, when its storage does not answer (a host
     that cannot be reached, a refused connection): one listing, before any

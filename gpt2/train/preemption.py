@@ -43,7 +43,7 @@ class SigtermGuard:
             log.warning("Ctrl-C: finishing this step, then writing a checkpoint (Ctrl-C again stops at once, "
                         "losing the steps since the last checkpoint)")
             signal.signal(signal.SIGINT, self._previous_int)  # the second one is not held back
-        else:
+        elif not self.requested:  # after a Ctrl-C, the launcher's SIGTERM hands on the same stop: said once
             log.warning("SIGTERM received: finishing this step, then writing a checkpoint")
         self.requested, self.signal = True, self.signal or signum
         if self._on_signal is not None:

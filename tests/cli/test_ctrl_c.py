@@ -79,6 +79,8 @@ def _assert_stopped(place, code: int, seconds: float, out: str, stage: str) -> N
     assert code == 130, out[-3000:]
     assert lines[-1].startswith("error: stopped by Ctrl-C; work done so far is kept"), out[-3000:]
     assert "Traceback" not in out and "Connection refused" not in out, out[-3000:]
+    # The stop the user asked for: no red lines, and the trainer says it once (#64 item 4).
+    assert "| ERROR" not in out and out.count("finishing this step") <= 1, out[-3000:]
     time.sleep(1)
     assert _nothing_left(place) == []
 

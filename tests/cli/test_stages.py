@@ -255,3 +255,17 @@ def test_a_prepared_dataset_whose_local_source_is_gone_still_runs(tmp_path, monk
                                    *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]])
     assert out.exit_code == 0, out.output
     assert len(flows_run) == 1
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_root_that_is_a_file_is_called_a_file(under, tmp_path, monkeypatch):
+    """#64 item 8: it was called "not writable ... a read-only root", which sends one to permissions."""
+    import cli.stages
+
+    monkeypatch.setattr(cli.stages, "run_flow", lambda *a, **kw: pytest.fail("a stage ran"))
+    (tmp_path / "notes.txt").write_text("not a folder")
+    root = tmp_path / "notes.txt" / "root" if under else tmp_path / "notes.txt"
+    out = CliRunner().invoke(app, ["train", "--preset", "smoke", "--root", str(root)])
+    assert out.exit_code == 1, out.output
+    assert ("lies under a file" if under else "is a file, not a folder") in out.output
+    assert "not writable" not in out.output

@@ -36,3 +36,21 @@ def test_acc_on_the_format_sample_is_explained(tmp_path):
     assert "not comparable with GPT-2's 31.1%" in smoke and "right endings are its longest" in smoke
     assert "not normalised by length" in smoke
     assert "right endings" not in _summary(tmp_path, "gpt2-124m")
+
+
+def test_the_bills_pools_add_up_to_its_total():
+    """#64 item 8: a total of 0.029 device-hours beside a by-pool line of 0.018 could not be reconciled."""
+    from flows.summary import describe_bill
+    from gpt2.train.bill import pipeline_bill
+
+    train = {"attempts": 3, "device_hours": 0.020, "cost": None,
+             "pools": {"gpu": {"attempts": 2, "device_hours": 0.011, "cost": None, "price_per_hour": None},
+                       "unknown": {"attempts": 1, "device_hours": 0.009, "cost": None, "price_per_hour": None}}}
+    bill = pipeline_bill(train, cpu_hours=0.01, gpu_stage_hours=0.007, price_per_hour=None, cpu_price_per_hour=None,
+                         gpu_stage_pool="gpu")
+    line = describe_bill(bill)
+    assert "0.027 device-hours" in line and "by pool: gpu 2 attempt(s), 0.018 device-hours" in line
+    assert "no pool recorded 1 attempt(s), 0.009 device-hours" in line  # 0.018 + 0.009 = 0.027
+    del bill["pools"]["unknown"], bill["pools"]["gpu"]
+    bill["pools"]["gpu"] = {"attempts": 3, "device_hours": 0.027, "cost": None}
+    assert "no pool recorded" not in describe_bill(bill)  # nothing to reconcile

@@ -290,6 +290,13 @@ def test_gpt2_presets_have_the_sizes_of_their_names(name, params_m, tokens_b):
     ("smoke", {"model.max_steps": 40}, "(did you mean train.max_steps?)"),
     ("small", {}, "unknown preset 'small' (did you mean smoke?)"),
     ("gpt2-124", {}, "(did you mean gpt2-124m"),
+    # The names the reference projects taught (#64 item 8), with a section or none.
+    ("smoke", {"train.learning_rate": 1e-3}, "unknown key 'train.learning_rate' (did you mean train.lr?)"),
+    ("smoke", {"learning_rate": 1e-3}, "(did you mean train.lr?)"),
+    ("smoke", {"max_iters": 10}, "(did you mean train.max_steps?)"),
+    ("smoke", {"batch_size": 4}, "(did you mean train.micro_batch_size or eval.batch_size?)"),
+    ("smoke", {"total_batch_size": 4096}, "(did you mean train.total_batch_tokens?)"),
+    ("smoke", {"n_layer": 2}, "(did you mean model.n_layer?)"),
 ])
 def test_a_mistyped_key_or_preset_names_the_closest_valid_one(preset, overrides, says):
     from gpt2.config.overrides import ConfigError, resolve_config

@@ -131,3 +131,15 @@ def test_an_openwebtext_reproduction_is_planned_on_its_tokens_and_gpt2_124ms_mea
     assert "~9.04B train tokens" in owt["steps_note"]
     assert (owt["assumed_mfu"], owt["mfu_from"]) == (fineweb["assumed_mfu"], fineweb["mfu_from"])
     assert owt["hours"] == pytest.approx(fineweb["hours"] * 17_234 / 19_073, rel=0.01)
+
+
+def test_the_assumed_mfu_says_it_is_optimistic_on_a_card_without_bf16(tmp_path, monkeypatch):
+    """#64 item 8: `gpt2 plan --gpu T4` assumed 40% MFU as if it were an H100's."""
+    from gpt2.config.overrides import resolve_config
+
+    monkeypatch.setenv("GPT2_BENCH_RESULTS", str(tmp_path / "no-records.jsonl"))  # nothing measured anywhere
+    config = resolve_config("gpt2-124m", root=str(tmp_path / "root"))
+    t4, h100 = make_plan(config, "T4", gpus=1), make_plan(config, "H100", gpus=1)
+    assert t4["assumed_mfu"] == h100["assumed_mfu"] and t4["mfu_from"].startswith("assumed")
+    assert "optimistic on a card without bf16 such as the T4" in t4["mfu_from"]
+    assert "optimistic" not in h100["mfu_from"]

@@ -4,6 +4,7 @@ reschedule automation acts on; never Failed)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -72,6 +73,21 @@ def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_launchers_sigterm_after_a_ctrl_c_is_the_same_stop_said_once(caplog):
+    """#64 item 4: one Ctrl-C logged `Ctrl-C: finishing this step` and then, when the launcher
+    handed it on as SIGTERM, `SIGTERM received: finishing this step`."""
+    guard = SigtermGuard(interrupts=True)
+    with caplog.at_level(logging.WARNING, logger="gpt2.train.preemption"), guard.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+    said = [r.getMessage() for r in caplog.records if r.name == "gpt2.train.preemption"]
+    assert len(said) == 1 and said[0].startswith("Ctrl-C: finishing this step") and guard.why == "Ctrl-C"
+    lone = SigtermGuard()
+    with caplog.at_level(logging.WARNING, logger="gpt2.train.preemption"), lone.installed():
+        os.kill(os.getpid(), signal.SIGTERM)  # a SIGTERM of its own is still said
+    assert caplog.records[-1].getMessage().startswith("SIGTERM received")
 
 
 def test_a_process_started_with_ctrl_c_ignored_keeps_ignoring_it():
