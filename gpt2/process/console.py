@@ -11,6 +11,11 @@ that finds the console gone marks it gone: from then on the stream (and its
 file descriptor, pointed at /dev/null, so that C code and rich's own checks
 find a working file) takes every write and drops it. The log file keeps
 everything; what the run must do never waits on the console.
+
+A progress bar drawn on the console (gpt2.train.progress) owns its line: it
+draws through `bar_channel()`, and every other write first clears the bar and,
+once its line is complete, draws it again below, so a log line never lands on
+the bar's line (where it lost its first character to the bar's `\r`).
 """
 
 from __future__ import annotations
@@ -30,8 +35,24 @@ class ConsoleStream:
     def __init__(self, stream: TextIO):
         self._stream = stream
         self.gone = False
+        self.bar: Any = None
+        """A progress bar drawn on this stream (tqdm: clear() and refresh()), while one is."""
 
     def write(self, text: str) -> int:
+        bar = self.bar
+        if bar is None or self.gone:
+            return self._write(text)
+        bar.clear()
+        written = self._write(text)
+        if text.endswith("\n"):
+            bar.refresh()
+        return written
+
+    def bar_channel(self) -> "BarChannel":
+        """Where a progress bar on this stream draws: the same stream, past the bar's own clearing."""
+        return BarChannel(self)
+
+    def _write(self, text: str) -> int:
         if not self.gone:
             try:
                 return self._stream.write(text)
@@ -68,6 +89,22 @@ class ConsoleStream:
 
     def __getattr__(self, name: str) -> Any:  # encoding, fileno, isatty, buffer, ...
         return getattr(self._stream, name)
+
+
+class BarChannel:
+    """A progress bar's way onto a ConsoleStream: its writes survive the reader going away too."""
+
+    def __init__(self, console: ConsoleStream):
+        self._console = console
+
+    def write(self, text: str) -> int:
+        return self._console._write(text)
+
+    def flush(self) -> None:
+        self._console.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: the console's
+        return getattr(self._console, name)
 
 
 def survive_closed_console() -> None:

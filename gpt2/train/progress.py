@@ -12,6 +12,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from gpt2.process.console import ConsoleStream
+
 
 @dataclass(frozen=True)
 class StepInfo:
@@ -41,14 +43,28 @@ Progress = Callable[[StepInfo], None]
 
 
 class ProgressBar:
-    """tqdm on stderr: step/total, loss, tokens/s, ETA (tqdm's own)."""
+    """tqdm on stderr: step/total, loss, tokens/s, ETA (tqdm's own). The bar is made at the first
+    step, so its rate and ETA count training, not the preflight, the data's checks or the compile
+    before it. On a console that survives its reader (gpt2.process.console) it owns its line: log
+    lines are written above it, never into it."""
 
-    def __init__(self, total: int, initial: int = 0, disable: bool | None = None):
-        # disable=None: only on a terminal, so logs of subprocesses stay clean.
-        self.bar = tqdm(total=total, initial=initial, unit="step", file=sys.stderr,
-                        dynamic_ncols=True, disable=disable)
+    def __init__(self, total: int, disable: bool | None = None):
+        self.total, self.disable = total, disable  # disable=None: only on a terminal
+        self.bar: tqdm | None = None
+        self._console: ConsoleStream | None = None
+
+    def _make(self, done: int) -> tqdm:
+        stream = sys.stderr
+        console = stream if isinstance(stream, ConsoleStream) else None
+        bar = tqdm(total=self.total, initial=done, unit="step", dynamic_ncols=True, disable=self.disable,
+                   file=console.bar_channel() if console is not None else stream)
+        if console is not None and not bar.disable:
+            console.bar, self._console = bar, console
+        return bar
 
     def __call__(self, info: StepInfo) -> None:
+        if self.bar is None:
+            self.bar = self._make(max(info.step - 1, 0))
         self.bar.n = info.step
         postfix = {"loss": f"{info.loss:.4f}", "tok/s": f"{info.tokens_per_second:,.0f}"}
         if info.mfu is not None:
@@ -57,4 +73,7 @@ class ProgressBar:
         self.bar.refresh()
 
     def close(self) -> None:
-        self.bar.close()
+        if self._console is not None:
+            self._console.bar, self._console = None, None
+        if self.bar is not None:
+            self.bar.close()
