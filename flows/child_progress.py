@@ -1,8 +1,9 @@
 """A parent flow's view of its training child while it waits on it: every
-minute at most, one line from the run's newest attempt record (written by the
-trainer with each heartbeat: gpt2.train.attempts), so `prefect deployment run
-gpt2/full-pipeline --watch`, `prefect flow-run logs` and the UI show a pipeline
-that is alive, without opening the child run.
+EVERY_S at most, one line from the run's newest attempt record (written by the
+trainer with each heartbeat: gpt2.train.attempts), and the last one once the
+stage has ended, so `prefect deployment run gpt2/full-pipeline --watch` (which
+streams the parent's logs), `prefect flow-run logs` and the UI show a pipeline
+that is alive and where its training got to, without opening the child run.
 
     train: step 120/600, loss 5.2134, 48,213 tok/s, ETA 6m 40s (pool gpu-spot)
 
@@ -18,7 +19,8 @@ from typing import Callable
 from gpt2.config.tree import Config
 from gpt2.root import layout, storage
 
-EVERY_S = 60.0
+EVERY_S = 15.0
+"""A line at most this often, and only when the record changed (it changes every runtime.heartbeat_s)."""
 
 
 def newest_attempt(run_dir: str) -> dict | None:
@@ -51,16 +53,17 @@ def describe(record: dict) -> str | None:
 
 
 def reporter(stage: str, config: Config, log: Callable[[str], None],
-             every_s: float = EVERY_S) -> Callable[[], None] | None:
+             every_s: float = EVERY_S) -> Callable[..., None] | None:
     """A callable for the parent's wait loop that logs the training child's
-    progress at most every `every_s` seconds, and only when it changed; None
-    for the other stages."""
+    progress at most every `every_s` seconds, and only when it changed; called
+    with `final=True` once the stage has ended, it says the last line now (a
+    short run would otherwise end between two lines). None for the other stages."""
     if stage != "train":
         return None
     run_dir, last = layout.run_dir(config), {"at": 0.0, "line": None}
 
-    def report() -> None:
-        if time.monotonic() - last["at"] < every_s:
+    def report(final: bool = False) -> None:
+        if not final and time.monotonic() - last["at"] < every_s:
             return
         last["at"] = time.monotonic()
         try:

@@ -127,7 +127,7 @@ def _server_away(err: BaseException) -> bool:
 
 
 def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[dict],
-           tick: Callable[[], None] | None = None):
+           tick: Callable[..., None] | None = None):
     """Poll the run until the ladder's verdict is not `wait`. A Prefect server
     that goes away (a restart, an upgrade) is waited for up to SERVER_AWAY_S:
     the verdict comes from the run's history on the server, so the ladder
@@ -168,7 +168,7 @@ def _parameters(config: Config, parameters: dict[str, Any], after_a_left_rung: b
 
 
 def run_on_ladder(stage: str, config: Config, parameters: dict[str, Any], parent_key: str,
-                  grace_s: float, tick: Callable[[], None] | None = None) -> tuple[FlowRun, list[dict]]:
+                  grace_s: float, tick: Callable[..., None] | None = None) -> tuple[FlowRun, list[dict]]:
     """The stage's completed run, on the first rung that ran it to the end, and
     the rungs left on the way ({pool, why, flow_run_id, flow_run}, in order);
     `tick` runs at every poll (flows.child_progress)."""

@@ -117,7 +117,7 @@ def _read(run_id) -> FlowRun:
 WAITING_STATES = (StateType.SCHEDULED, StateType.PENDING)
 
 
-def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Callable[[], None] | None = None) -> FlowRun:
+def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Callable[..., None] | None = None) -> FlowRun:
     """The run once it is final. A run that waits to start (Scheduled, Pending;
     a rescheduled one too) longer than `start_timeout_s` raises StageFailed
     saying what is missing, instead of keeping the parent waiting forever."""
@@ -143,7 +143,7 @@ def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Calla
 
 
 def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),
-             tick: Callable[[], None] | None = None) -> FlowRun:
+             tick: Callable[..., None] | None = None) -> FlowRun:
     """Wait for a final state that no automation is about to change; `tick`
     runs at every poll (the training child's progress line: flows.child_progress)."""
     while True:
@@ -193,6 +193,8 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
         from flows.ladder import run_on_ladder
 
         run, left = run_on_ladder(stage, config, parameters, parent_key, grace_s, tick)
+        if tick is not None:
+            tick(final=True)
         tried = [{"pool": e["pool"], "left": e["why"], "flow_run": e["flow_run"]} for e in left]
         return {**_result(stage, config, run), "rungs": tried + [{"pool": run.work_pool_name, "left": None,
                                                                    "flow_run": run.name}]}
@@ -200,6 +202,8 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
     get_run_logger().info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
     run = _settled(child.id, grace_s, config.runtime.stage_start_timeout_s, tick)
+    if tick is not None:
+        tick(final=True)  # where training got to, said once it ended (a short run ends between two lines)
     if run.state is None or run.state.type != StateType.COMPLETED:
         state = run.state.name if run.state else "unknown"
         message = run.state.message if run.state else ""

@@ -44,6 +44,11 @@ def test_the_reporter_logs_at_most_every_interval_and_only_changes(tmp_path, mon
     clock[0] += 60
     report()  # unchanged: nothing
     assert [line.split(",")[0] for line in lines] == ["train: step 10/40", "train: step 20/40"]
+    write(40)
+    clock[0] += 1
+    report(final=True)  # the stage ended within the interval: its last line is said at once
+    report(final=True)  # and once
+    assert [line.split(",")[0] for line in lines][2:] == ["train: step 40/40"]
     assert child_progress.reporter("evaluate", config, lines.append) is None
 
 
