@@ -43,12 +43,20 @@ def pytest_xdist_auto_num_workers(config):
     return default_workers() + 1
 
 
+E2E_TIMEOUT_S = 600
+"""An end-to-end test's limit (pyproject's `timeout`, 90 s, is the quick tier's): a hang fails in
+minutes and names the test. A test that needs longer says so with its own `pytest.mark.timeout`."""
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """`--dist loadgroup` on pytest 9: pytest-xdist 3.8 puts a test's group
-    into `item._nodeid`, which pytest 9 no longer reads (Item.nodeid comes from
-    `item._id`), so its scheduler never saw a group. The same suffix, where
-    pytest 9 reads it, on the workers (which collect; the controller does not)."""
+    """End-to-end tests get E2E_TIMEOUT_S unless they set their own. And `--dist loadgroup` on
+    pytest 9: pytest-xdist 3.8 puts a test's group into `item._nodeid`, which pytest 9 no longer
+    reads (Item.nodeid comes from `item._id`), so its scheduler never saw a group. The same suffix,
+    where pytest 9 reads it, on the workers (which collect; the controller does not)."""
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
     if not getattr(config.option, "loadgroup", False):
         return
     from _pytest.nodeid import NodeId

@@ -1,4 +1,5 @@
-"""`pytest --cpu-report=N`: the N tests that cost the most CPU, and the total.
+"""`pytest --cpu-report=N`: the N tests that cost the most CPU, the total, and the tests'
+summed durations (the tier's wall time is .ci/run's to print).
 
 The quick tier is CPU-bound on a 2-core machine, so a test's wall time (what
 --durations shows) says little about what it costs the others: a test that
@@ -69,9 +70,11 @@ def pytest_runtest_makereport(item, call):
 
 class _Collector:
     def __init__(self, top: int):
-        self.top, self.costs = top, []
+        self.top, self.costs, self.durations = top, [], {}
 
     def pytest_runtest_logreport(self, report):
+        # Setup, call and teardown of every test: the tier's summed durations (beside its wall time).
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
         if report.when == "teardown":
             self.costs += [(value, report.nodeid) for key, value in report.user_properties if key == "cpu_s"]
 
@@ -82,6 +85,8 @@ class _Collector:
         for cpu, nodeid in sorted(self.costs, reverse=True)[:self.top]:
             terminalreporter.write_line(f"{cpu:8.1f}s cpu  {nodeid}")
         terminalreporter.write_line(f"{sum(c for c, _ in self.costs):8.1f}s cpu  in all {len(self.costs)} tests")
+        terminalreporter.write_line(f"{sum(self.durations.values()):8.1f}s summed durations (setup, call, teardown) "
+                                    f"of {len(self.durations)} tests")
 
 
 def pytest_configure(config):

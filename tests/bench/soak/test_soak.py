@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 QUESTIONS = "kill:server@3,mlflow-away@10:60,pause:train-run@20:150"
 
 
+@pytest.mark.timeout(1500)  # three scripted faults with their real waits (a 150 s freeze among them): ~11 min
 def test_short_soak_loses_and_duplicates_nothing(tmp_path):
     cmd = [sys.executable, "-m", "bench.soak", "--seed", "11", "--script", QUESTIONS,
            "--faults", "4", "--per-pipeline", "4", "--window-s", "15,150", "--pause-s", "5,15",
