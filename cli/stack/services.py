@@ -158,7 +158,10 @@ def _server_env(env: dict[str, str], state_dir: Path, port: int, auth: str) -> d
             "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true",
             # The UI asks /ui-settings where the API is; left alone, that is the
             # default 127.0.0.1:4200, not this server's port.
-            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_UI_URL": f"http://127.0.0.1:{port}"}
+            "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_UI_URL": f"http://127.0.0.1:{port}",
+            # `prefect deployment run ... --watch` streams a run's logs beside its events only when the
+            # server publishes and streams them out (both off by default): else it shows heartbeats alone.
+            "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true", "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
 
 
 def seed_prefect_db(path: Path) -> None:
