@@ -146,6 +146,7 @@ def check_root(config: Config) -> str | None:
     that does not answer is named and ends the command; one that cannot be
     written returns why (flows.read_only answers finished work from it)."""
     from gpt2.root import layout, storage
+    from gpt2.root.checks import check_not_a_file, check_reachable, check_writable
 
     root = layout.root(config)
     if root.startswith("memory://"):  # this process's own: nothing to ask
@@ -153,13 +154,13 @@ def check_root(config: Config) -> str | None:
     if root not in _ROOT_CHECKED:
         try:
             if root.startswith("file://"):
-                storage.check_not_a_file(root)
+                check_not_a_file(root)
             else:
-                storage.check_reachable(root)
+                check_reachable(root)
         except storage.StorageError as err:
             fail(str(err))
         try:
-            storage.check_writable(root)
+            check_writable(root)
             _ROOT_CHECKED[root] = None
         except storage.StorageError as err:
             cause = err.__cause__ or err

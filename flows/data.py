@@ -28,6 +28,7 @@ from gpt2.data.prepare import summarize
 from gpt2.data.shard import local_shards_ok
 from gpt2.data.tokenized import tokenized_ok
 from gpt2.root import layout, storage
+from gpt2.root.checks import check_writable
 from tasks.common import bind, run_cached
 from tasks.data import download, shard, tokenize, upload
 from tasks.data_cluster import check_cluster, workers_read_source
@@ -46,7 +47,7 @@ def _complete(config: Config) -> bool:
 
 def run_data_stage(config: Config) -> dict[str, Any]:
     """The four tasks; returns the prepare summary plus `cached`."""
-    storage.check_writable(layout.root(config))
+    check_writable(layout.root(config))
     complete = _complete(config)
     if not complete:
         check_cluster(config)  # a wrong runtime.data_cluster fails here, before any work

@@ -18,7 +18,8 @@ from gpt2.config.overrides import resolve_config
 from gpt2.config.tree import Config
 from gpt2.data.epoch import steps_for_checkpoint
 from gpt2.export.writer import export_complete
-from gpt2.root import layout, storage
+from gpt2.root import layout
+from gpt2.root.checks import check_writable
 from tasks.common import run_cached
 from tasks.export import export_checkpoint, register_model
 from tasks.registry import model_version_exists
@@ -34,7 +35,7 @@ def _registered(config: Config):
 def run_export_stage(config: Config, checkpoint: str | None = "latest", parent_run_id: str | None = None) -> dict[str, Any]:
     """Export and register; returns the export paths, the registry entry and `cached`."""
     ref = resolve_checkpoint(config, checkpoint)
-    storage.check_writable(layout.root(config))
+    check_writable(layout.root(config))
     get_run_logger().info("exporting %s", ref.url)
     export, c1 = run_cached(export_checkpoint, config, ref,
                             valid=lambda r: export_complete(r["export_dir"], ref, config.runtime.root))

@@ -17,6 +17,7 @@ from gpt2.data.llmc import ShardError
 from gpt2.data.manifest import Manifest, verify_shard
 from gpt2.data.shard import LocalShards
 from gpt2.root import layout, storage
+from gpt2.root.checks import check_writable
 from gpt2.tokenizer import EOT_TOKEN, N_VOCAB
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def upload_shards(config: Config, local: LocalShards, source: sources.SourceFiles) -> str:
     """Copy shards to the artifact root atomically, then write the manifest last."""
-    storage.check_writable(layout.root(config))
+    check_writable(layout.root(config))
     target, url = layout.data_dir(config), layout.manifest(config)
     for entry in local.shards:
         dest = storage.join(target, entry.path)

@@ -30,6 +30,7 @@ from gpt2.errors import UserError
 from gpt2.export import card, hf, llmc
 from gpt2.hellaswag.evaluate import result_url
 from gpt2.root import storage
+from gpt2.root.checks import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ def export_checkpoint(ref: CheckpointRef, root: str, work_dir: str | Path | None
     if export_complete(dest, ref, root):
         log.info("export of %s already complete at %s", ref.url, dest)
         return _result(dest, ref, read_manifest(dest))
-    storage.check_writable(storage.normalize_url(root))
+    check_writable(storage.normalize_url(root))
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="gpt2-export-") as tmp:

@@ -187,7 +187,8 @@ def test_cli_bad_input_fails_clearly(stage, tmp_path):
     blocker.write_text("x")
     ckpt = layout.checkpoint_dir(layout.run_dir(config), 60)
     out = runner.invoke(app, ["export", "--root", str(blocker / "root"), *work, "--checkpoint", ckpt])
-    assert out.exit_code == 1 and "is not writable" in out.stderr
+    # Named for what it is (#64 item 8; it said "is not writable", which sends one to permissions).
+    assert out.exit_code == 1 and f"lies under a file ({blocker}), not a folder" in out.stderr
     assert blocker.read_text() == "x"
     assert not storage.exists(storage.join(layout.run_dir(config), "export"))
 
