@@ -4,6 +4,7 @@
     gpt2 prepare --preset smoke --json
     gpt2 preflight --preset gpt2-124m --root gs://bucket/gpt2
     gpt2 report --runs smoke-1a2b3c4d5e6f --out report.png
+    gpt2 sample --from runs/RUN/export/step_000020/hf --prompt "Hello" --top-k 1
 
 Logs go to stderr; with --json the last line of stdout is one JSON object.
 """
@@ -20,7 +21,7 @@ survive_closed_console()
 
 import typer  # noqa: E402
 
-from cli import config, plan, preflight, report, stages  # noqa: E402
+from cli import config, plan, preflight, report, sample, stages  # noqa: E402
 from cli.common import defer_errors_to_exit  # noqa: E402
 from cli.stack import commands as stack_commands  # noqa: E402
 
@@ -40,6 +41,7 @@ app.command("run")(stages.run)
 app.command("plan")(plan.plan)
 app.command("preflight")(preflight.preflight)
 app.command("report")(report.report)
+app.command("sample")(sample.sample)
 
 
 def main() -> None:

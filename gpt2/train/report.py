@@ -10,27 +10,9 @@ from pathlib import Path
 import torch
 
 from gpt2.model import GPT
-from gpt2.tokenizer import get_encoding
+from gpt2.sample import text_samples
 
 log = logging.getLogger(__name__)
-SAMPLE_PROMPT = "Hello, I'm a language model,"
-
-
-@torch.no_grad()
-def text_samples(model: GPT, device: torch.device, seed: int, num: int = 4, max_new_tokens: int = 32,
-                 prompt: str = SAMPLE_PROMPT) -> list[str]:
-    """`num` continuations of `prompt`, reproducible for a given seed. A private
-    generator keeps the global RNG (and so training) untouched."""
-    enc = get_encoding("gpt2")
-    ids = torch.tensor(enc.encode(prompt), dtype=torch.long, device=device).repeat(num, 1)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    was_training = model.training
-    model.eval()
-    out = model.generate(ids, max_new_tokens, generator=gen)
-    model.train(was_training)
-    return [enc.decode(row.tolist()) for row in out]
-
-
 def loss_curve_png(path: Path, train: list[list[float]], val: list[list[float]], title: str,
                    spikes: list[dict] = ()) -> Path:
     """Plot train loss per step and val loss at its steps into a PNG, with the

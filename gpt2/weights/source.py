@@ -1,0 +1,73 @@
+"""A source of weights, as `gpt2 sample --from` (and, next, `train.init_from`) names it: a
+local path or any fsspec URL of
+
+- a Hugging Face GPT-2 directory (config.json beside model.safetensors or pytorch_model.bin:
+  `hf://openai-community/gpt2` where the hub is reachable, our own export's `.../export/.../hf`);
+- llm.c's model `.bin` (llm.c's gpt2_124M.bin, our export's `.../llmc/gpt2_*.bin`);
+- a checkpoint of one of our runs (`runs/<run>/checkpoints/step_N`, verified against its marker).
+
+The model's shape comes from the weights themselves.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gpt2.checkpoint.catalog import MARKER
+from gpt2.checkpoint.store import load_model, load_weights
+from gpt2.config.sections import ModelConfig
+from gpt2.model import GPT
+from gpt2.root import storage
+from gpt2.weights.readers import WeightsError, load_hf_dir, load_llmc_bin
+
+HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def _local(url: str, names: tuple[str, ...], into: Path) -> Path:
+    """A remote directory's files among `names`, copied into `into` (a local path stays where it is)."""
+    path = storage.local_path(url)
+    if path is not None:
+        return path
+    for name in names:
+        remote = storage.join(url, name)
+        if storage.exists(remote):
+            storage.get_file(remote, into / name)
+    return into
+
+
+def load_source(source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(the shape, our tensors) of whatever `source` holds; WeightsError naming it otherwise."""
+    url = storage.normalize_url(source)
+    try:
+        if not storage.exists(url):
+            raise WeightsError(f"{source} does not exist: give a Hugging Face GPT-2 directory, an llm.c model "
+                               ".bin or a run's checkpoint (a local path or a URL)")
+        if storage.exists(storage.join(url, MARKER)):
+            model, config = load_model(url)
+            return config.model, {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        with tempfile.TemporaryDirectory(prefix="gpt2-weights-") as tmp:
+            if url.endswith(".bin") and storage.exists(url):
+                local = storage.local_path(url)
+                if local is None:
+                    local = Path(tmp) / "model.bin"
+                    storage.get_file(url, local)
+                return load_llmc_bin(local)
+            if storage.exists(storage.join(url, "config.json")):
+                return load_hf_dir(_local(url, HF_FILES, Path(tmp)))
+    except (WeightsError, storage.StorageError):
+        raise
+    except OSError as err:  # the hub or a bucket that does not answer: name it, as the data stage does
+        raise WeightsError(f"{source} cannot be read ({type(err).__name__}: {str(err)[:200]})") from None
+    raise WeightsError(f"{source} holds no weights this project reads: a Hugging Face GPT-2 directory "
+                       "(config.json), an llm.c model .bin, or a checkpoint of a run (its COMPLETE marker)")
+
+
+def model_from(source: str) -> GPT:
+    """Our GPT with `source`'s weights (fp32, eval mode, on the CPU)."""
+    cfg, tensors = load_source(source)
+    model = GPT(cfg)
+    load_weights(model, tensors)
+    return model.eval()
