@@ -353,6 +353,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
         fail("stopped by SIGTERM; work done so far is kept (training wrote a checkpoint): rerun the same command "
              "to continue", code=143)
     except KeyboardInterrupt:  # Ctrl-C: the trainer checkpointed (if it was training) before we got here
+        signals.stopped()
         fail("stopped by Ctrl-C; work done so far is kept (finished stages, shards, the training checkpoint): "
              "rerun the same command to continue", code=130)
     except Exception as err:

@@ -16,6 +16,7 @@ import sys
 import threading
 
 _requested = threading.Event()
+_stopped = threading.Event()  # the program has acted on the Ctrl-C: nothing is delivered again
 _unraisable_hook = sys.unraisablehook
 
 
@@ -36,11 +37,23 @@ def _on_unraisable(unraisable) -> None:
     nothing is printed."""
     if issubclass(unraisable.exc_type, KeyboardInterrupt) and _requested.is_set() and \
             signal.getsignal(signal.SIGINT) is _on_ctrl_c:  # not a trainer's own "finish the step" handler
-        later = threading.Timer(0.05, _thread.interrupt_main)
+        later = threading.Timer(0.05, _deliver_again)
         later.daemon = True
         later.start()
         return
     _unraisable_hook(unraisable)
+
+
+def _deliver_again() -> None:
+    # Not once the program has stopped for it meanwhile (stop_if_requested, the command's own
+    # handler): a KeyboardInterrupt on the way out would end the process by SIGINT, not its exit code.
+    if not _stopped.is_set() and not sys.is_finalizing():
+        _thread.interrupt_main()
+
+
+def stopped() -> None:
+    """The program has acted on the Ctrl-C (it is stopping): no swallowed one is delivered again."""
+    _stopped.set()
 
 
 def watch() -> None:
@@ -58,6 +71,7 @@ def watch() -> None:
 def stop_if_requested() -> None:
     """Between units of work (a pipeline's stages): a Ctrl-C that was swallowed stops here."""
     if _requested.is_set():
+        _stopped.set()
         raise KeyboardInterrupt
 
 

@@ -23,6 +23,7 @@ def watched():
     yield
     signal.signal(signal.SIGINT, previous)
     signals._requested.clear()
+    signals._stopped.clear()
 
 
 def test_a_swallowed_ctrl_c_stops_at_the_next_stage(watched):
@@ -79,3 +80,36 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_stops_the_program_and_prints_no_trac
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert out.stdout.strip() == "stopped", (out.stdout, out.stderr)
     assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
+ACTED = """
+import gc, os, signal, sys, time
+from gpt2.process import signals
+
+signals.watch()
+
+class Transport:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):
+            pass
+
+Transport()
+gc.collect()
+try:
+    signals.stop_if_requested()  # the pipeline's runner acts on the swallowed Ctrl-C first
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+time.sleep(0.5)  # the way out (the command's last line, its exit code)
+print("exited cleanly", flush=True)
+"""
+
+
+def test_a_ctrl_c_already_acted_on_is_not_delivered_again_on_the_way_out():
+    """Found by tests/cli/test_ctrl_c.py: the Ctrl-C delivered again after the command had stopped
+    for it ended the process by SIGINT (exit -2) instead of its exit code 130."""
+    repo = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", ACTED], cwd=repo, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(repo)},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert out.returncode == 0 and out.stdout.split() == ["stopped", "exited", "cleanly"], (out.stdout, out.stderr)
