@@ -40,6 +40,15 @@ def outer_handler():
     signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.fixture
+def ctrl_c_heard():
+    """SIGINT at Python's own handler, as in a terminal's foreground command: pytest started as a
+    script's background job inherits it ignored, and these tests send themselves a Ctrl-C."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _sigterm_at(step: int):
     def progress(info) -> None:
         if info.step == step:
@@ -63,7 +72,7 @@ def test_the_guard_holds_the_signal_then_hands_it_on(outer_handler):
     assert signal.getsignal(signal.SIGTERM) is _raise_handed_on
 
 
-def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once():
+def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once(ctrl_c_heard):
     before = signal.getsignal(signal.SIGINT)  # Python's, or the command's (gpt2.process.signals): both raise
     guard = SigtermGuard(interrupts=True)
     with guard.installed():
@@ -75,7 +84,7 @@ def test_a_first_ctrl_c_is_held_like_sigterm_and_a_second_one_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_the_launchers_sigterm_after_a_ctrl_c_is_the_same_stop_said_once(caplog):
+def test_the_launchers_sigterm_after_a_ctrl_c_is_the_same_stop_said_once(caplog, ctrl_c_heard):
     """#64 item 4: one Ctrl-C logged `Ctrl-C: finishing this step` and then, when the launcher
     handed it on as SIGTERM, `SIGTERM received: finishing this step`."""
     guard = SigtermGuard(interrupts=True)
@@ -101,7 +110,7 @@ def test_a_process_started_with_ctrl_c_ignored_keeps_ignoring_it():
         signal.signal(signal.SIGINT, previous)
 
 
-def test_ctrl_c_in_training_writes_a_checkpoint_and_the_rerun_resumes_there(tmp_path):
+def test_ctrl_c_in_training_writes_a_checkpoint_and_the_rerun_resumes_there(tmp_path, ctrl_c_heard):
     config = tiny_config(tmp_path, **{"train.checkpoint_every": 100})
     write_dataset(config)
 
