@@ -175,16 +175,16 @@ def run_on_ladder(stage: str, config: Config, parameters: dict[str, Any], parent
     logger = get_run_logger()
     record_url = layout.ladder_record(config, parent_key, stage)
     left: list[dict] = list((storage.read_record(record_url) or {}).get("left", []))
-    rungs = config.runtime.gpu_pools
-    for i, rung in enumerate(rungs):
+    ladder = config.runtime.gpu_pools
+    for i, rung in enumerate(ladder):
         if any(entry["pool"] == rung.pool for entry in left):
             continue  # left before this parent's restart
         name = rungs.deployment(stage, rung.pool)
         child = run_deployment(name, parameters=_parameters(config, parameters, bool(left)), timeout=0,
                                idempotency_key=f"{parent_key}:{stage}:{rung.pool}", as_subflow=True)
         logger.info("stage %s: flow run %s on rung %d/%d, work pool %s (deployment %s)", stage, child.name,
-                    i + 1, len(rungs), rung.pool, name)
-        decided, run = _watch(child.id, rung, i == len(rungs) - 1, config, grace_s, left, tick)
+                    i + 1, len(ladder), rung.pool, name)
+        decided, run = _watch(child.id, rung, i == len(ladder) - 1, config, grace_s, left, tick)
         if decided.action == "done":
             return run, left
         if decided.action == "leave":

@@ -162,7 +162,10 @@ def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdo
     import sys
     from pathlib import Path
 
-    missing = tmp_path / "nope-*.jsonl"
+    # A source whose documents lack the text field: found only by reading it, inside the data stage,
+    # after the server started (a missing source is answered before any server: #64 item 3).
+    missing = tmp_path / "docs.jsonl"
+    missing.write_text('{"content": "no text field here"}\n' * 3)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # Prefect starts its temporary server
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     repo = Path(__file__).resolve().parents[2]
@@ -171,7 +174,8 @@ def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdo
                           cwd=repo, env={**env, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and "Starting temporary server" in proc.stderr, proc.stderr[-3000:]
-    assert lines[-1].startswith("error: ") and str(missing) in lines[-1], proc.stderr[-3000:]
+    assert lines[-1].startswith("error: ") and str(missing) in lines[-1] and "no field 'text'" in lines[-1], \
+        proc.stderr[-3000:]
     # The temporary server's run history is in the work dir, not in Prefect's home.
     assert (tmp_path / "work" / "prefect.db").exists() and not (tmp_path / "prefect-home" / "prefect.db").exists()
     # A user error: its message, no traceback on the console; the traceback is in the log file it names (#46).

@@ -13,7 +13,8 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import save_file
 
-from bench.soak import checks, run
+from bench.soak import checks
+from bench.soak import run as soak
 from gpt2.checkpoint.lease import Lease
 from gpt2.tracking.store import default_tracking_uri
 from gpt2.tracking.tracker import Tracker
@@ -149,30 +150,30 @@ def test_left_running_waits_then_reports():
 
 def test_the_soak_refuses_an_unknown_fault_by_name():
     with pytest.raises(argparse.ArgumentTypeError, match="unknown fault kind.*kill:prefect.*known: kill:server"):
-        run._kinds("kill:trainer,kill:prefect")
-    opts = run.parse(["--seed", "3", "--kinds", "pause:trainer,mlflow-away", "--pause-s", "5,9"])
+        soak._kinds("kill:trainer,kill:prefect")
+    opts = soak.parse(["--seed", "3", "--kinds", "pause:trainer,mlflow-away", "--pause-s", "5,9"])
     assert opts.kinds == ["pause:trainer", "mlflow-away"] and opts.pause_s == (5.0, 9.0)
 
 
 def test_a_pipelines_faults_are_the_scripts_or_drawn_in_order():
     import random
 
-    script = run.parse(["--script", "kill:server@3,pause:train-run@20:150,disk-full@30"]).script
+    script = soak.parse(["--script", "kill:server@3,pause:train-run@20:150,disk-full@30"]).script
     assert script == [("kill:server", 3.0, None), ("pause:train-run", 20.0, 150.0), ("disk-full", 30.0, None)]
-    assert run.fault_plan(script, random.Random(1), (10.0, 20.0), 4) == script
-    drawn = run.fault_plan([], random.Random(1), (10.0, 20.0), 4)
+    assert soak.fault_plan(script, random.Random(1), (10.0, 20.0), 4) == script
+    drawn = soak.fault_plan([], random.Random(1), (10.0, 20.0), 4)
     assert [k for k, _, _ in drawn] == [None] * 4 and [d for _, _, d in drawn] == [None] * 4
     moments = [at for _, at, _ in drawn]
     assert moments == sorted(moments) and all(10.0 <= at <= 20.0 for at in moments)
-    assert run.fault_plan([], random.Random(1), (10.0, 20.0), 4) == drawn  # the seed decides
+    assert soak.fault_plan([], random.Random(1), (10.0, 20.0), 4) == drawn  # the seed decides
 
 
 def test_the_soak_passes_only_when_nothing_is_lost_duplicated_or_wrong():
     good = {"lost": 0, "duplicates": 0, "problems": 0, "pipelines": 2, "pipelines_completed": 2}
-    assert run.passed(good)
+    assert soak.passed(good)
     for key, value in (("lost", 1), ("duplicates", 1), ("problems", 1), ("pipelines_completed", 1),
                        ("interrupted", "stopped by Ctrl-C during pipeline 2")):
-        assert not run.passed({**good, key: value}), key
+        assert not soak.passed({**good, key: value}), key
 
 
 def test_a_soak_stopped_by_hand_keeps_the_pipelines_it_checked():
@@ -185,10 +186,10 @@ def test_a_soak_stopped_by_hand_keeps_the_pipelines_it_checked():
             raise KeyboardInterrupt("signal 15")  # main() turns a SIGTERM into this
         return {"pipeline": len(pipelines)}
 
-    why = run.run_until_stopped(lambda: True, run_one, pipelines)
+    why = soak.run_until_stopped(lambda: True, run_one, pipelines)
     assert why == "stopped by signal 15 during pipeline 2" and pipelines == [{"pipeline": 0}, {"pipeline": 1}]
     done = []
-    assert run.run_until_stopped(lambda: len(done) < 3, lambda: done.append(1) or {}, []) is None
+    assert soak.run_until_stopped(lambda: len(done) < 3, lambda: done.append(1) or {}, []) is None
 
 
 def test_the_disk_fill_fills_twice_over_and_frees(tmp_path):
