@@ -59,13 +59,24 @@ def root_schemes() -> set[str]:
     return set(ROOT_SCHEMES) | {p for p in registry if p not in known_implementations}
 
 
-def _root_place(root: str, scheme: str) -> str:
-    """What a root URL names after its scheme: the bucket for a bucket scheme, the path for
-    `file://`; `memory://` needs nothing (its own store's top)."""
-    rest = root.split("://", 1)[1]
-    if scheme in BUCKET_SCHEMES:
-        return rest.split("/", 1)[0].strip()
-    return "memory" if scheme == "memory" else rest.strip().strip("/") or ("/" if rest.startswith("/") else "")
+def _root_error(root: str) -> PydanticCustomError | None:
+    """What is wrong with the artifact root's URL, if anything: a scheme the project does not
+    support, or a supported one that names no place (no bucket after a bucket scheme, no path after
+    `file://`; `memory://` needs none: its own store's top)."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)", root)
+    if not match:
+        return None  # a plain path
+    scheme, rest = match.group(1).lower(), match.group(2).strip()
+    if scheme not in root_schemes():
+        return PydanticCustomError(
+            "root_scheme", "the scheme '{scheme}' is not supported for an artifact root; use a local path or a "
+            "{schemes} URL", {"scheme": match.group(1), "schemes": ", ".join(s + "://" for s in ROOT_SCHEMES)})
+    bucket = scheme in BUCKET_SCHEMES
+    if (rest.split("/", 1)[0] if bucket else rest) or scheme == "memory":
+        return None
+    example = f"{scheme}://BUCKET/PREFIX" if bucket else f"{scheme}:///abs/path or a plain path"
+    return PydanticCustomError("root_place", "names no {what} after '{scheme}://': give one, e.g. {example}",
+                               {"what": "bucket" if bucket else "path", "scheme": scheme, "example": example})
 
 
 def cross_field_errors(config: Any) -> list[InitErrorDetails]:
@@ -75,19 +86,9 @@ def cross_field_errors(config: Any) -> list[InitErrorDetails]:
     values = {f: getattr(getattr(config, f.split(".")[0]), f.split(".")[1]) for f in URL_FIELDS}
     errors = [InitErrorDetails(type=CREDENTIALS, loc=tuple(f.split(".")), input=redact(v))
               for f, v in values.items() if url_has_credentials(v)]
-    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", config.runtime.root)
-    if match and match.group(1).lower() not in root_schemes():
-        error = PydanticCustomError(
-            "root_scheme", "the scheme '{scheme}' is not supported for an artifact root; use a local path or a "
-            "{schemes} URL", {"scheme": match.group(1), "schemes": ", ".join(s + "://" for s in ROOT_SCHEMES)})
-        errors.append(InitErrorDetails(type=error, loc=("runtime", "root"), input=redact(config.runtime.root)))
-    elif match and not _root_place(config.runtime.root, match.group(1).lower()):
-        scheme = match.group(1).lower()
-        what = "bucket" if scheme in BUCKET_SCHEMES else "path"
-        example = f"{scheme}://BUCKET/PREFIX" if scheme in BUCKET_SCHEMES else f"{scheme}:///abs/path or a plain path"
-        error = PydanticCustomError("root_place", "names no {what} after '{scheme}://': give one, e.g. {example}",
-                                    {"what": what, "scheme": scheme, "example": example})
-        errors.append(InitErrorDetails(type=error, loc=("runtime", "root"), input=redact(config.runtime.root)))
+    root_error = _root_error(config.runtime.root)
+    if root_error is not None:
+        errors.append(InitErrorDetails(type=root_error, loc=("runtime", "root"), input=redact(config.runtime.root)))
     tokens, T = config.train.total_batch_tokens, config.model.block_size
     if tokens % T:
         error = PydanticCustomError(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 GONE = (errno.EPIPE, errno.EIO)
 """A write error that means the reader is gone (a closed pipe, a hung-up terminal), not a bug."""
@@ -53,27 +53,28 @@ class ConsoleStream:
         return BarChannel(self)
 
     def _write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                return self._stream.write(text)
-            except OSError as err:
-                if err.errno not in GONE:
-                    raise
-                self._lose()
-        return len(text)
+        written = self._unless_gone(lambda: self._stream.write(text))
+        return len(text) if written is None else written
 
     def writelines(self, lines) -> None:
         for line in lines:
             self.write(line)
 
     def flush(self) -> None:
-        if not self.gone:
-            try:
-                self._stream.flush()
-            except OSError as err:
-                if err.errno not in GONE:
-                    raise
-                self._lose()
+        self._unless_gone(self._stream.flush)
+
+    def _unless_gone(self, act: Callable[[], Any]) -> Any:
+        """`act()`, unless the console is gone; a write error that means it went (GONE) marks it so
+        (and returns None), any other still raises."""
+        if self.gone:
+            return None
+        try:
+            return act()
+        except OSError as err:
+            if err.errno not in GONE:
+                raise
+            self._lose()
+            return None
 
     def _lose(self) -> None:
         self.gone = True

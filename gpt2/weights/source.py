@@ -57,8 +57,6 @@ def load_source(source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                 return load_llmc_bin(local)
             if storage.exists(storage.join(url, "config.json")):
                 return load_hf_dir(_local(url, HF_FILES, Path(tmp)))
-    except (WeightsError, storage.StorageError):
-        raise
     except OSError as err:  # the hub or a bucket that does not answer: name it, as the data stage does
         raise WeightsError(f"{source} cannot be read ({type(err).__name__}: {str(err)[:200]})") from None
     raise WeightsError(f"{source} holds no weights this project reads: a Hugging Face GPT-2 directory "
