@@ -25,9 +25,11 @@ def _source(source: Optional[str], run: Optional[str], preset: str, sets, root) 
     from gpt2.checkpoint.catalog import latest_checkpoint
     from gpt2.data.epoch import with_resolved_steps
     from gpt2.root import layout
+    from gpt2.weights.init import with_resolved_init
 
     config = load_config(preset, sets, root)
-    run_dir = layout.run_dir_under(layout.root(config), run) if run else layout.run_dir(with_resolved_steps(config))
+    run_dir = layout.run_dir_under(layout.root(config), run) if run else \
+        layout.run_dir(with_resolved_init(with_resolved_steps(config), fetching=False))
     found = latest_checkpoint(run_dir)
     if found is None:
         fail(f"no complete checkpoint under {run_dir}: train first (gpt2 train with the same preset, --set and "

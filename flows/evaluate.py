@@ -22,6 +22,7 @@ from gpt2.config.overrides import resolve_config
 from gpt2.config.tree import Config
 from gpt2.data.epoch import steps_for_checkpoint
 from gpt2.root import storage
+from gpt2.weights.init import with_resolved_init
 from tasks.common import run_cached
 from tasks.evaluate import evaluate_hellaswag
 
@@ -47,6 +48,8 @@ def eval_flow(
 ) -> dict[str, Any]:
     """HellaSwag (lm-eval, checked against the native scorer) of a checkpoint."""
     config = steps_for_checkpoint(resolve_config(preset, overrides or {}, root=root), checkpoint)
+    # A fine-tune's name counts its weights' sha256; a named checkpoint needs no name.
+    config = with_resolved_init(config, fetching=False, required=checkpoint in (None, "", "latest"))
     if (left := left_state(config)) is not None:
         return left
     result = run_eval_stage(config, checkpoint, parent_run_id)

@@ -20,6 +20,7 @@ from gpt2.data.epoch import steps_for_checkpoint
 from gpt2.export.writer import export_complete
 from gpt2.root import layout
 from gpt2.root.checks import check_writable
+from gpt2.weights.init import with_resolved_init
 from tasks.common import run_cached
 from tasks.export import export_checkpoint, register_model
 from tasks.registry import model_version_exists
@@ -53,6 +54,8 @@ def export_flow(
 ) -> dict[str, Any]:
     """HF + llm.c export of a checkpoint, the HF model registered in MLflow."""
     config = steps_for_checkpoint(resolve_config(preset, overrides or {}, root=root), checkpoint)
+    # A fine-tune's name counts its weights' sha256; a named checkpoint needs no name.
+    config = with_resolved_init(config, fetching=False, required=checkpoint in (None, "", "latest"))
     result = run_export_stage(config, checkpoint, parent_run_id)
     publish_result(config, result)
     return result

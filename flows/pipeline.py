@@ -35,6 +35,7 @@ from gpt2.secrets import redact
 from gpt2.tracking.experiment import ui_link
 from gpt2.tracking.tracker import Tracker
 from gpt2.train import bill
+from gpt2.weights.init import with_resolved_init
 from tasks.tracking import stage_run
 
 STAGES = ("data", "train", "evaluate", "export")
@@ -112,6 +113,16 @@ def pin_steps(config: Config, params: dict[str, Any]) -> Config:
     return config
 
 
+def pin_init(config: Config, params: dict[str, Any]) -> Config:
+    """train.init_from's weights fetched into the root once, here on the parent's (CPU) pool,
+    and their sha256 pinned into the stages' overrides: train, evaluate and export (on any
+    machine) name the same run, and the GPU machine reads the root's copy, never the source."""
+    config = with_resolved_init(config)
+    if config.train.init_sha256:
+        params["overrides"] = {**params["overrides"], "train.init_sha256": config.train.init_sha256}
+    return config
+
+
 def report_runs(parent: Tracker, config: Config, train_run_id: str | None, logger: Any) -> None:
     """The runs report (this pipeline's training run beside the experiment's
     newest, validation loss and HellaSwag against the published numbers) as
@@ -183,7 +194,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
             logger.info("stage %s %s in %.1f s", stage, "cached" if results[stage].get("cached") else "done", took)
             parent.log_metrics({f"stage_seconds/{stage}": took}, step=0)
             if stage == "data":
-                config = pin_steps(config, params)
+                config = pin_init(pin_steps(config, params), params)
                 # Logged once the step count is known (MLflow never changes a param's value).
                 parent.log_params(config.model_dump(mode="json"))
         summary = summarize(results, parent.run_id)

@@ -22,6 +22,7 @@ from gpt2.config.tree import Config
 from gpt2.data.epoch import steps_for_checkpoint, with_resolved_steps
 from gpt2.errors import UserError
 from gpt2.root import layout, storage
+from gpt2.weights.init import with_resolved_init
 
 
 class NotAnswered(UserError):
@@ -88,7 +89,7 @@ def train(config: Config, fresh: bool = False) -> dict[str, Any]:
     if fresh:
         raise NotAnswered(f"--fresh deletes this run's checkpoints, and artifact root {layout.root(config)} "
                           "is not writable: pass a writable --root")
-    config = with_resolved_steps(config)
+    config = with_resolved_init(with_resolved_steps(config), fetching=False)
     result = recorded(train_task, config, parent_run_id=None, tags=None)
     try:  # what the training flow asks of a cached result
         final = final_checkpoint(config, result)
@@ -103,7 +104,8 @@ def _ref(config: Config, checkpoint: str | None):
     """The config and checkpoint as the evaluate and export flows resolve them."""
     from gpt2.checkpoint.ref import resolve_checkpoint
 
-    config = steps_for_checkpoint(config, checkpoint)
+    config = with_resolved_init(steps_for_checkpoint(config, checkpoint), fetching=False,
+                                required=checkpoint in (None, "", "latest"))
     return config, resolve_checkpoint(config, checkpoint)
 
 

@@ -29,6 +29,7 @@ from gpt2.config.tree import Config
 from gpt2.data.epoch import with_resolved_steps
 from gpt2.data.manifest import load_manifest
 from gpt2.root import layout, storage
+from gpt2.weights.init import with_resolved_init
 from tasks.common import bind, run_cached
 from tasks.tracking import flow_run_tags
 from tasks.train import train as train_task
@@ -95,7 +96,8 @@ def train_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None, r
                fresh: bool = False, parent_run_id: str | None = None) -> dict[str, Any]:
     """Train a preset plus dotted-key overrides; returns the training result."""
     # `epoch` becomes a number first: the run's name depends on it.
-    config = with_resolved_steps(resolve_config(preset, overrides or {}, root=root))
+    # train.init_from's weights fetched into the root (once): their sha256 names the run too.
+    config = with_resolved_init(with_resolved_steps(resolve_config(preset, overrides or {}, root=root)))
     if (left := left_state(config)) is not None:
         return left
     get_run_logger().info("training %s (%d steps) -> %s", layout.run_name(config),

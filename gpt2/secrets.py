@@ -44,7 +44,7 @@ _PATTERNS = [
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.DOTALL),
 ]
 
-URL_FIELDS = ("data.source", "eval.hellaswag_source", "tracking.uri", "runtime.root")
+URL_FIELDS = ("data.source", "eval.hellaswag_source", "tracking.uri", "runtime.root", "train.init_from")
 """Config fields holding URLs, checked for embedded credentials."""
 
 

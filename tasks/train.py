@@ -30,6 +30,7 @@ from gpt2.train.compile_choice import resolve_compile
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import Preempted
 from gpt2.train.session import TrainingError
+from gpt2.weights.init import with_resolved_init
 from tasks.common import ProgressArtifact, identity_cache_key
 from tasks.preflight import preflight_first
 
@@ -63,7 +64,7 @@ def _retryable(task, task_run, state) -> bool:
 @task(name="train", cache_key_fn=identity_cache_key("train", train_fingerprint), persist_result=True,
       retries=2, retry_delay_seconds=30, retry_condition_fn=_retryable)
 def train(config: Config, parent_run_id: str | None = None, tags: dict | None = None) -> dict:
-    config = with_resolved_steps(config)  # the flow passes it resolved; direct callers may not
+    config = with_resolved_init(with_resolved_steps(config))  # the flow passes it resolved; direct callers may not
     artifact = ProgressArtifact(f"Training {layout.run_name(config)}")
     bar = ProgressBar(config.train.max_steps)
 

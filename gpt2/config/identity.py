@@ -111,6 +111,22 @@ NEVER_IDENTITY_KEYS = ("preflight", "precision")
 SPIKE_KEYS = ("spike_zscore", "on_spike", "max_rollbacks", "spike_window")
 
 
+# Where the weights start (train.init_from, gpt2.weights.init), added after runs
+# were first trained: `scratch` (what the older code did) leaves both keys out,
+# so every scratch run keeps its address. A fine-tune is named by the content of
+# its weights (init_sha256, filled in when they are fetched into the root), not
+# by where they were read: the same weights from a copy elsewhere continue the
+# run, other weights are another run. A config not yet resolved (no sha256) is
+# named by its source, which no trainer ever uses: training resolves it first.
+INIT_KEYS = ("init_from", "init_sha256")
+
+
+def _init_keys_left_out(train: dict) -> tuple[str, ...]:
+    if train["init_from"] == "scratch":
+        return INIT_KEYS
+    return ("init_from",) if train["init_sha256"] else ("init_sha256",)
+
+
 def _spike_keys_left_out(train: dict) -> tuple[str, ...]:
     if train["spike_zscore"] == 0 or train["on_spike"] == "warn":
         return SPIKE_KEYS
@@ -124,7 +140,7 @@ def train_identity(config: Config, legacy: bool = False) -> dict:
     train = {k: v for k, v in config.train.model_dump(mode="json").items() if k not in NEVER_IDENTITY_KEYS}
     if train["optimizer"] == "adamw":
         train = {k: v for k, v in train.items() if k not in OPTIMIZER_KEYS}
-    train = {k: v for k, v in train.items() if k not in _spike_keys_left_out(train)}
+    train = {k: v for k, v in train.items() if k not in _spike_keys_left_out(train) + _init_keys_left_out(train)}
     if not legacy:
         train = {k: v for k, v in train.items() if k not in TRAIN_RUNTIME_FIELDS}
     ident = {

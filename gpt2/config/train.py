@@ -16,6 +16,19 @@ below a poisoned batch's (120-290); docs/training.md, "Loss spikes"."""
 
 
 class TrainConfig(Section):
+    init_from: str = "scratch"
+    """Where the weights start: `scratch` (random, seeded by train.seed), or a source of
+    weights to fine-tune: a Hugging Face GPT-2 directory (`hf://openai-community/gpt2`,
+    our export's `.../export/step_N/hf`), an llm.c model `.bin` (llm.c's gpt2_124M.bin,
+    our export's), or a checkpoint of one of our runs (`.../runs/<run>/checkpoints/step_N`),
+    as a local path or any fsspec URL. The weights are fetched once into the root
+    (`weights/`, their sha256 recorded) and a resumed run never reads the source again;
+    their content, not where they were read, is part of the run's identity. The model's
+    shape comes from the weights: a model.* that disagrees is refused (gpt2.weights.init)."""
+    init_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    """The sha256 of the weights train.init_from names, as fetched into the root: filled in
+    when they are first fetched (the run's identity counts it); set it to insist on exactly
+    those weights (other content is refused). Unused with init_from=scratch."""
     seed: int = 1337
     """Seed for the weight init and the text samples (batches follow the shards'
     fixed order, as in llm.c, so a resumed run sees exactly the same data)."""

@@ -43,6 +43,7 @@ from gpt2.train.progress import Progress
 from gpt2.train.run import Preempted, TrainResult, train
 from gpt2.train.session import TrainingError, check_batch_shape
 from gpt2.train.status_file import StatusFile, step_info
+from gpt2.weights.init import with_resolved_init
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,9 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     task asks for, so the flow-run process stays responsive and keeps its own
     SIGTERM handling). With `runtime.nnodes` > 1 this is one machine's part:
     every machine runs the same config."""
+    # train.init_from fetched once here, before any rank starts: the ranks read the root's copy
+    # (gpt2.weights.init), never race each other to the source.
+    config = with_resolved_init(config)
     nproc = nproc_per_node(config)
     # Fail here, before any process starts, when the global batch cannot split over every node's processes.
     check_batch_shape(config, multinode.world_size(config, nproc))

@@ -6,6 +6,7 @@ changes only when what it holds would:
 
     <root>/
       data/<name>-<data fp>/            manifest.json + llm.c shards
+      weights/<name>-<source hash>/     train.init_from's weights, fetched once (gpt2.weights.init)
       staging/<name>-tokenize-<fp>/     token units written by a Dask cluster's workers
       runs/<name>-<train fp>/           one training run
         checkpoints/step_000500/        a checkpoint (gpt2.checkpoint.store)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 from pathlib import Path
 
 from gpt2.config.identity import data_fingerprint, data_step_fingerprint, legacy_train_fingerprint, train_fingerprint
@@ -104,6 +106,19 @@ def legacy_checkpoint_staging_dir(config: Config) -> str:
 def root_key(config: Config) -> str:
     """A directory name for the root: the hash of its normalized URL."""
     return "root-" + hashlib.sha256(root(config).encode()).hexdigest()[:HASH_CHARS]
+
+
+# --- weights to start from --------------------------------------------------
+
+
+def init_weights_dir(root_url: str, source: str) -> str:
+    """Where train.init_from's weights are kept once fetched: named by the source
+    (its last path part, readable, and the hash of its normalized URL), so every
+    run that starts from it finds the copy without reading the source again."""
+    url = storage.normalize_url(source)
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "weights"
+    return storage.join(storage.normalize_url(root_url), "weights",
+                        f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:HASH_CHARS]}")
 
 
 # --- training runs and checkpoints ----------------------------------------

@@ -20,6 +20,7 @@ from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
 from gpt2.train.session import TrainingError, open_session, take_lease
 from gpt2.train.startup import StartupParts
+from gpt2.weights.init import with_resolved_init
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     after SIGTERM, whatever the replaced SIGTERM handler raises, else
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
     config = with_resolved_steps(config)  # `epoch` as a number: the run's name and the loop need one
+    config = with_resolved_init(config)  # train.init_from's weights in the root, their sha256 in the name
     guard, started = SigtermGuard(interrupts=True), time.time()
     clock = StartupParts(entered=started)
     rt = config.runtime

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.checkpoint.optim_load import rank_state
-from gpt2.config.identity import legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
+from gpt2.config.identity import INIT_KEYS, legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
 from gpt2.config.tree import Config
 from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
@@ -34,12 +34,17 @@ from gpt2.train.precision import Precision, choose_precision, device_caps, make_
 from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
+from gpt2.weights.init import SCRATCH, init_weights
 
 log = logging.getLogger(__name__)
 
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message names the step and the setting to change."""
+
+
+class InitChanged(TrainingError):
+    """train.init_from differs from a run of otherwise the same settings that has checkpoints."""
 
 
 @dataclass
@@ -100,10 +105,10 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
             # The optimizer's files verified, not decoded: each rank reads its own part (optim_load).
             ckpt = store.resume_checkpoint(run_dir, optimizer=False) or (None if fresh else
                                                                          _from_earlier_release(config))
-        except store.CheckpointError as err:
+            if ckpt is None:
+                _log_siblings(config, fresh)
+        except (store.CheckpointError, InitChanged) as err:
             error = err
-        if ckpt is None and error is None:
-            _log_siblings(config)
     ckpt = shared_checkpoint(ckpt, error, env)
     if ckpt:
         log.info("resuming from %s (step %d)", ckpt.url, ckpt.step)
@@ -124,9 +129,10 @@ def _from_earlier_release(config: Config) -> store.Checkpoint | None:
     return ckpt
 
 
-def _log_siblings(config: Config) -> None:
+def _log_siblings(config: Config, fresh: bool = False) -> None:
     """Starting at step 0: say so when a run of the same model and data exists,
-    so nobody restarts a long run by changing a training setting unknowingly."""
+    so nobody restarts a long run by changing a training setting unknowingly;
+    refuse (unless `fresh`) when train.init_from is all that differs."""
     mine = model_data_fingerprint(config)
     for name in storage.list_dir(layout.runs_dir(config)):
         if name == layout.run_name(config):
@@ -137,6 +143,8 @@ def _log_siblings(config: Config) -> None:
             other = Config.model_validate(state["config"])
         except (TypeError, KeyError, ValueError):
             continue
+        if not fresh:
+            _refuse_changed_init(config, other, name, state.get("step"))
         if model_data_fingerprint(other) == mine:
             changed = [f"train.{k}" for k, v in sorted(config.train.model_dump().items())
                        if other.train.model_dump()[k] != v]
@@ -144,6 +152,23 @@ def _log_siblings(config: Config) -> None:
             log.warning("starting %s at step 0; run %s has the same model and data (step %s) and differs in "
                         "%s: to continue that run, use its settings", layout.run_name(config), name,
                         state.get("step"), ", ".join(changed) or "(nothing: copied by hand?)")
+
+
+def _refuse_changed_init(config: Config, other: Config, name: str, step: int | None) -> None:
+    """A run that differs from `other` (run `name`) in train.init_from alone is another run: that
+    is what the identity says (gpt2.config.identity), but someone who set init_from on a run with
+    checkpoints most likely meant to change that run; say so, once, and how to start this one."""
+    init = {k: getattr(config.train, k) for k in INIT_KEYS}
+    if {k: getattr(other.train, k) for k in INIT_KEYS} == init:
+        return
+    same_otherwise = other.model_copy(update={"train": other.train.model_copy(update=init), "model": other.model.model_copy(
+        update={"vocab_size": config.model.vocab_size})})  # the weights' own vocabulary (gpt2.weights.init)
+    if train_fingerprint(same_otherwise) != train_fingerprint(config):
+        return
+    raise InitChanged(
+        f"train.init_from={config.train.init_from} makes another run ({layout.run_name(config)}): run {name} has the "
+        f"same settings and checkpoints up to step {step}, started from train.init_from={other.train.init_from}; to "
+        f"continue it, set train.init_from={other.train.init_from}; to start the other at step 0, rerun with --fresh")
 
 
 def choose_micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> tuple[int, MemorySettings]:
@@ -232,6 +257,8 @@ def open_session(config: Config, env: DistEnv, fresh: bool = False, lease: Lease
     with part("checkpoint"):
         if ckpt:
             store.load_weights(raw, ckpt.model)
+        elif config.train.init_from != SCRATCH:  # a fine-tune's first start: the root's copy, never the source
+            store.load_weights(raw, init_weights(config))
         raw.to(env.device)
     precision = resolve_precision(config, env.device)
     scaler = make_scaler(precision, env.device, ckpt.state.get("loss_scaler") if ckpt else None)

@@ -1,4 +1,4 @@
-"""A source of weights, as `gpt2 sample --from` (and, next, `train.init_from`) names it: a
+"""A source of weights, as `gpt2 sample --from` and `train.init_from` name it: a
 local path or any fsspec URL of
 
 - a Hugging Face GPT-2 directory (config.json beside model.safetensors or pytorch_model.bin:
@@ -21,6 +21,7 @@ from gpt2.checkpoint.store import load_model, load_weights
 from gpt2.config.sections import ModelConfig
 from gpt2.model import GPT
 from gpt2.root import storage
+from gpt2.tokenizer import N_VOCAB
 from gpt2.weights.readers import WeightsError, load_hf_dir, load_llmc_bin
 
 HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
@@ -40,6 +41,22 @@ def _local(url: str, names: tuple[str, ...], into: Path) -> Path:
 
 def load_source(source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(the shape, our tensors) of whatever `source` holds; WeightsError naming it otherwise."""
+    return without_untrained_padding(*_read(source))
+
+
+def without_untrained_padding(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> tuple[ModelConfig, dict]:
+    """Vocabulary rows past GPT-2's 50257 that are all zero are padding that never trained
+    (llm.c's gpt2_124M.bin pads OpenAI's weights so): dropped. Our softmax runs over every
+    row (llm.c's only over the first 50257), so zero rows would give those tokens logit 0,
+    far above GPT-2's real ones, and the loss (and any sample) would no longer be GPT-2's.
+    Trained padding (a run of ours at 50304) has learnt to stay low, and is kept."""
+    wte = tensors["transformer.wte.weight"]
+    if cfg.vocab_size <= N_VOCAB or torch.count_nonzero(wte[N_VOCAB:]):
+        return cfg, tensors
+    return cfg.model_copy(update={"vocab_size": N_VOCAB}), {**tensors, "transformer.wte.weight": wte[:N_VOCAB].clone()}
+
+
+def _read(source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     url = storage.normalize_url(source)
     try:
         if not storage.exists(url):
