@@ -39,8 +39,9 @@ def _source(source: Optional[str], run: Optional[str], preset: str, sets, root) 
 
 def sample(
     source: Optional[str] = typer.Option(
-        None, "--from", help="Weights: a Hugging Face GPT-2 directory, an llm.c model .bin or a run's checkpoint "
-        "(a path or any fsspec URL). Default: the newest checkpoint of --run, or of the preset's run."),
+        None, "--from", help="Weights, any train.init_from source: a Hugging Face GPT-2 directory, an llm.c model "
+        ".bin or a run's checkpoint (a path or any fsspec URL). Default: the newest checkpoint of --run, or of the "
+        "preset's run."),
     run: Optional[str] = typer.Option(None, "--run", help="A run's name under the root's runs/ (its newest checkpoint)."),
     prompt: str = typer.Option("Hello, I'm a language model,", "--prompt", help="The text to continue ('' starts "
                                "a new document)."),

@@ -80,6 +80,7 @@ def train(
         fail(f"no prepared data for this config: {url} does not exist; make it first with:\n  "
              + _prepare_hint(preset, sets, root))
     _check_device(config)
+    _check_init(config)
     _, result = run_flow("flows.train:train_flow", preset, sets, root, verbose=verbose, fresh=fresh)
     val = result["final_val_loss"]
     summary = f"{'cached' if result.get('cached') else 'trained'}: {result['run_name']} at step {result['steps']}"
@@ -94,6 +95,15 @@ def _check_source(config) -> None:
     from gpt2.data.download import source_problem
 
     problem = source_problem(config)
+    if problem:
+        fail(problem)
+
+
+def _check_init(config) -> None:
+    """A local train.init_from that does not exist, answered before any server starts."""
+    from gpt2.weights.init import init_problem
+
+    problem = init_problem(config)
     if problem:
         fail(problem)
 
@@ -169,6 +179,7 @@ def run(
         fail(IN_PROCESS)
     _check_device(config)
     _check_source(config)
+    _check_init(config)
     # Any stage's error ends the pipeline; the flow already logged its traceback.
     config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, verbose=verbose,
                               errors=(Exception,))

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.checkpoint.optim_load import rank_state
-from gpt2.config.identity import INIT_KEYS, legacy_train_fingerprint, model_data_fingerprint, train_fingerprint
+from gpt2.config.identity import legacy_train_fingerprint, train_fingerprint
 from gpt2.config.tree import Config
 from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
@@ -32,6 +32,7 @@ from gpt2.train.compile_choice import Built, CompileError, build, warm_up_or_fal
 from gpt2.train.optim import load_state, make_optimizer
 from gpt2.train.precision import Precision, choose_precision, device_caps, make_scaler
 from gpt2.train.restore import restore_rng, shared_checkpoint
+from gpt2.train.siblings import sibling_runs
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
 from gpt2.weights.init import SCRATCH, init_weights
@@ -105,8 +106,9 @@ def resume_from(config: Config, env: DistEnv, fresh: bool, fence=None) -> store.
             # The optimizer's files verified, not decoded: each rank reads its own part (optim_load).
             ckpt = store.resume_checkpoint(run_dir, optimizer=False) or (None if fresh else
                                                                          _from_earlier_release(config))
-            if ckpt is None:
-                _log_siblings(config, fresh)
+            refusal = sibling_runs(config, fresh) if ckpt is None else None
+            if refusal:
+                raise InitChanged(refusal)
         except (store.CheckpointError, InitChanged) as err:
             error = err
     ckpt = shared_checkpoint(ckpt, error, env)
@@ -127,48 +129,6 @@ def _from_earlier_release(config: Config) -> store.Checkpoint | None:
         log.warning("continuing the run at %s (named by an earlier release); new checkpoints go to %s",
                     legacy, layout.run_dir(config))
     return ckpt
-
-
-def _log_siblings(config: Config, fresh: bool = False) -> None:
-    """Starting at step 0: say so when a run of the same model and data exists,
-    so nobody restarts a long run by changing a training setting unknowingly;
-    refuse (unless `fresh`) when train.init_from is all that differs."""
-    mine = model_data_fingerprint(config)
-    for name in storage.list_dir(layout.runs_dir(config)):
-        if name == layout.run_name(config):
-            continue
-        latest = store.latest_checkpoint(layout.run_dir_under(layout.root(config), name))
-        state = storage.read_record(storage.join(latest, "state.json")) if latest else None
-        try:
-            other = Config.model_validate(state["config"])
-        except (TypeError, KeyError, ValueError):
-            continue
-        if not fresh:
-            _refuse_changed_init(config, other, name, state.get("step"))
-        if model_data_fingerprint(other) == mine:
-            changed = [f"train.{k}" for k, v in sorted(config.train.model_dump().items())
-                       if other.train.model_dump()[k] != v]
-            changed += ["data.shuffle"] if other.data.shuffle != config.data.shuffle else []  # the read order
-            log.warning("starting %s at step 0; run %s has the same model and data (step %s) and differs in "
-                        "%s: to continue that run, use its settings", layout.run_name(config), name,
-                        state.get("step"), ", ".join(changed) or "(nothing: copied by hand?)")
-
-
-def _refuse_changed_init(config: Config, other: Config, name: str, step: int | None) -> None:
-    """A run that differs from `other` (run `name`) in train.init_from alone is another run: that
-    is what the identity says (gpt2.config.identity), but someone who set init_from on a run with
-    checkpoints most likely meant to change that run; say so, once, and how to start this one."""
-    init = {k: getattr(config.train, k) for k in INIT_KEYS}
-    if {k: getattr(other.train, k) for k in INIT_KEYS} == init:
-        return
-    same_otherwise = other.model_copy(update={"train": other.train.model_copy(update=init), "model": other.model.model_copy(
-        update={"vocab_size": config.model.vocab_size})})  # the weights' own vocabulary (gpt2.weights.init)
-    if train_fingerprint(same_otherwise) != train_fingerprint(config):
-        return
-    raise InitChanged(
-        f"train.init_from={config.train.init_from} makes another run ({layout.run_name(config)}): run {name} has the "
-        f"same settings and checkpoints up to step {step}, started from train.init_from={other.train.init_from}; to "
-        f"continue it, set train.init_from={other.train.init_from}; to start the other at step 0, rerun with --fresh")
 
 
 def choose_micro_batch(config: Config, raw: GPT, seqs_per_rank: int, ctx: StepContext) -> tuple[int, MemorySettings]:

@@ -57,6 +57,18 @@ def fetch(config: Config) -> dict:
     return record
 
 
+def init_problem(config: Config) -> str | None:
+    """A local train.init_from that does not exist and was never fetched into the root, said in
+    a command's first second (before a pipeline's data stage runs for nothing); a URL is left
+    to the fetch, which names it if it does not answer."""
+    source = config.train.init_from
+    local = storage.local_path(storage.normalize_url(source)) if source != SCRATCH else None
+    if local is None or local.exists() or storage.exists(storage.join(cache_dir(config), RECORD)):
+        return None
+    return (f"train.init_from={source}: {local} does not exist; give a Hugging Face GPT-2 directory, an llm.c "
+            "model .bin or a run's checkpoint (a local path or a URL), or scratch")
+
+
 def _describe(model: ModelConfig) -> str:
     return ", ".join(f"{f}={getattr(model, f)}" for f in SHAPE_FIELDS)
 
@@ -100,7 +112,8 @@ def with_resolved_init(config: Config, fetching: bool = True, required: bool = T
                            f"train.init_sha256 asks for {train.init_sha256}: drop train.init_sha256 to start from "
                            f"these, or delete {directory} to fetch {train.init_from} again")
     model = model_shape(config.model, ModelConfig.model_validate(record["model"]), train.init_from)
-    return config.model_copy(update={"model": model, "train": train.model_copy(update={"init_sha256": record["sha256"]})})
+    train = train.model_copy(update={"init_sha256": record["sha256"]})
+    return config.model_copy(update={"model": model, "train": train})
 
 
 def init_weights(config: Config) -> dict[str, torch.Tensor]:
