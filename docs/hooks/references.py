@@ -113,6 +113,8 @@ def role(section: str, key: str) -> str:
             return "identity: the run, with `train.optimizer='muon'` only"
         if key in identity.SPIKE_KEYS:
             return "identity: the run, with `train.on_spike` skip or rollback and detection on only"
+        if key in identity.INIT_KEYS:
+            return "identity: the run, by the weights' sha256 (left out at `scratch`)"
         return "identity: the run"
     if section == "eval":
         return "identity: the evaluation"

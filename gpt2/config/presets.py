@@ -8,7 +8,9 @@ the steps follow from the prepared train split, ~19,073 of 524,288 tokens for it
 data of Karpathy's build-nanogpt
 (llm.c's own 124M run used FineWeb 10B, not the edu subset, so its HellaSwag
 curve is a reference, not a target to match step for step); `gpt2-124m-owt` is
-the same recipe on OpenWebText with nanoGPT's split, to compare with nanoGPT.
+the same recipe on OpenWebText with nanoGPT's split, to compare with nanoGPT;
+`gpt2-124m-finetune` starts from OpenAI's GPT-2 (124M) weights (`train.init_from`) and
+fine-tunes them on a text source, nanoGPT's Shakespeare fine-tune by default.
 """
 
 from __future__ import annotations
@@ -115,6 +117,34 @@ def gpt2_1558m() -> Config:
     return _larger_gpt2("gpt2-1558m", 48, 1600, 25, FINEWEB_EDU_100B, 1_048_576, 32_000, 6e-4, 0.1, 2000)
 
 
+OPENAI_GPT2 = "hf://openai-community/gpt2"
+"""OpenAI's GPT-2 (124M) on the Hugging Face hub, as transformers' `from_pretrained("gpt2")` reads it."""
+TINY_SHAKESPEARE = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+"""The ~1.1M characters (~338k GPT-2 tokens) nanoGPT's data/shakespeare/prepare.py downloads."""
+
+
+def gpt2_124m_finetune() -> Config:
+    """OpenAI's GPT-2 (124M) fine-tuned on your text, nanoGPT's config/finetune_shakespeare.py
+    brought to the 124M model: 32 sequences of 1024 tokens a step, 20 steps, a constant
+    learning rate of 3e-5 (here after 2 warmup steps), validation every 5 steps. The data is
+    Tiny Shakespeare (one file, one document; data.max_document_chars lets it in whole) unless
+    data.source names your own (a file, a folder, a URL). The validation split is its first
+    32,768 tokens (nanoGPT's is the last 10% of the characters)."""
+    base = gpt2_124m()
+    return Config(
+        preset="gpt2-124m-finetune",
+        model=base.model,  # the weights' shape; their 50257 rows are used as they are (gpt2.weights.init)
+        data=DataConfig(name="shakespeare", source=TINY_SHAKESPEARE, shard_size=1_000_000, val_tokens=32_768,
+                        max_document_chars=2_000_000),
+        train=TrainConfig(init_from=OPENAI_GPT2, total_batch_tokens=32_768, micro_batch_size="auto", max_steps=20,
+                          lr=3e-5, min_lr_ratio=1.0, warmup_steps=2, weight_decay=0.1, betas=(0.9, 0.95),
+                          grad_clip=1.0, eval_every=5, val_steps=1, sample_every=10, checkpoint_every=10,
+                          keep_checkpoints=2),
+        eval=EvalConfig(hellaswag_source="hf://datasets/Rowan/hellaswag", every_steps=20),
+        export=ExportConfig(registered_model="gpt2-124m-finetune"),
+    )
+
+
 def smoke() -> Config:
     # Tiny everything: the ~110k-token Python docs sample, a 2-layer model,
     # enough steps for several checkpoints, all on one CPU core in minutes.
@@ -148,5 +178,6 @@ def smoke() -> Config:
 
 
 PRESETS: dict[str, Callable[[], Config]] = {
-    "gpt2-124m": gpt2_124m, "gpt2-124m-owt": gpt2_124m_owt, "gpt2-350m": gpt2_350m, "gpt2-774m": gpt2_774m, "gpt2-1558m": gpt2_1558m, "smoke": smoke,
+    "gpt2-124m": gpt2_124m, "gpt2-124m-owt": gpt2_124m_owt, "gpt2-124m-finetune": gpt2_124m_finetune,
+    "gpt2-350m": gpt2_350m, "gpt2-774m": gpt2_774m, "gpt2-1558m": gpt2_1558m, "smoke": smoke,
 }
