@@ -18,6 +18,14 @@ def test_presets_are_valid_configs(name):
     assert config.preset == name
 
 
+def test_gpt2_124m_finetune_is_nanogpts_shakespeare_recipe_from_openais_weights():
+    c, base = resolve_config("gpt2-124m-finetune"), resolve_config("gpt2-124m")
+    assert c.train.init_from == "hf://openai-community/gpt2" and c.model == base.model
+    assert c.train.lr == 3e-5 and c.train.min_lr_ratio == 1.0 and c.train.warmup_steps <= 10  # constant after warmup
+    assert c.train.total_batch_tokens == 32 * 1024 and c.train.max_steps == 20 and c.train.eval_every == 5
+    assert c.data.source.endswith("tinyshakespeare/input.txt") and c.data.max_document_chars > 1_115_394
+
+
 def test_gpt2_124m_is_the_llmc_recipe():
     c = resolve_config("gpt2-124m")
     assert (c.model.n_layer, c.model.n_head, c.model.n_embd, c.model.block_size) == (12, 12, 768, 1024)
