@@ -273,3 +273,22 @@ def test_a_root_that_is_a_file_is_called_a_file(under, tmp_path, monkeypatch):
     assert out.exit_code == 1, out.output
     assert ("lies under a file" if under else "is a file, not a folder") in out.output
     assert "not writable" not in out.output
+
+
+@pytest.mark.parametrize("command", ["train", "run"])
+def test_a_missing_local_init_from_is_answered_before_any_server_or_stage(command, tmp_path, monkeypatch):
+    """#60: weights to start from that are not there are named in the command's first second, not
+    after a pipeline's data stage."""
+    import cli.stages
+    from gpt2.config.overrides import resolve_config
+
+    flows_run = []
+    monkeypatch.setattr(cli.stages, "run_flow", lambda *a, **kw: flows_run.append(a))
+    sets = {"train.init_from": str(tmp_path / "no-such-gpt2"), "runtime.work_dir": str(tmp_path / "work")}
+    write_dataset(resolve_config("smoke", sets, root=str(tmp_path / "root")))  # `train` asks for prepared data first
+    out = CliRunner().invoke(app, [command, "--preset", "smoke", "--root", str(tmp_path / "root"),
+                                   *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]])
+    assert out.exit_code == 1, out.output
+    assert out.output.startswith(f"error: train.init_from={tmp_path / 'no-such-gpt2'}: ") and \
+        out.output.count("does not exist") == 1, out.output
+    assert flows_run == []
