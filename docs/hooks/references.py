@@ -72,7 +72,7 @@ def _range(field) -> str:
     return ", ".join(parts)
 
 
-def _value(value) -> str:
+def _value(value, width: int = 80) -> str:
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
     elif isinstance(value, enum.Enum):
@@ -80,7 +80,7 @@ def _value(value) -> str:
     if isinstance(value, tuple):
         value = list(value)
     text = repr(value) if not isinstance(value, str) else f"'{value}'"
-    return f"`{text}`" if len(text) < 80 else f"`{text[:77]}…`"
+    return f"`{text}`" if len(text) < width else f"`{text[:width - 3]}…`"
 
 
 def _default(field) -> str:
@@ -184,7 +184,8 @@ def configuration_page() -> str:
                       "|---|---|---|---|---|---|---|"]
         values = _preset_values(dotted, configs)
         shown = {_value(v) for v in values.values()}
-        presets = "; ".join(f"{n}: {_value(v)}" for n, v in values.items()) if len(shown) > 1 else ""
+        # A preset's value whole where it is a URL a reader copies (the fine-tune's text source).
+        presets = "; ".join(f"{n}: {_value(v, 120)}" for n, v in values.items()) if len(shown) > 1 else ""
         lines.append(f"| `{dotted}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
                      f"{_cell(_range(field))} | {role(sec.split('.')[0], dotted.split('.')[-1])} | "
                      f"{_doc(field)} | {_cell(presets)} |")
