@@ -56,6 +56,10 @@ def plan(
         if run:
             config = actual.run_config(config, run)
             count = gpus or actual.devices_of(config, run) or count
+        else:  # a fine-tune's run is named by its weights' sha256, once they are in the root
+            from gpt2.weights.init import with_resolved_init
+
+            config = with_resolved_init(config, fetching=False, required=False)
         result = make_plan(config, gpu, count, price, mfu, list_source, session_hours)
         result["actual"] = actual.compare(config, result, run, actual.price_per_device(config, price, count))
     except UserError as err:

@@ -63,8 +63,8 @@ def sample(
     from gpt2.sample import text_samples
     from gpt2.weights.source import model_from
 
-    where = _source(source, run, preset, sets, root)
     try:
+        where = _source(source, run, preset, sets, root)  # a fine-tune's weights never fetched: one line
         model = model_from(where)
         target = pick_device(device)
         texts = text_samples(model.to(target), target, seed=seed, num=num, max_new_tokens=max_new_tokens,

@@ -175,3 +175,27 @@ def test_init_from_changed_on_a_run_with_checkpoints_is_refused_until_fresh(tmp_
         train(tuned)
     assert "\n" not in str(err.value)
     assert train(tuned, fresh=True).steps == 2
+
+
+def test_gpt2_sample_finds_a_fine_tunes_run_by_its_settings(tmp_path):
+    """`gpt2 sample --preset P --set train.init_from=...` reads the fine-tune's newest checkpoint: the
+    run named by the weights' sha256, read from the root's record (the source is not needed)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from tests.gpt2.train.fixtures import TINY
+
+    directory, _ = _hf_dir(tmp_path / "hf")
+    sets = {**TINY, "runtime.work_dir": str(tmp_path / "work"), "train.init_from": str(directory),
+            "train.max_steps": 2}
+    config = tiny_config(tmp_path, **sets)
+    write_dataset(config)
+    train(config)
+    directory.rename(tmp_path / "gone")
+    args = ["sample", "--preset", "smoke", "--root", str(tmp_path), "--prompt", "The cat", "--max-new-tokens", "2",
+            "--json", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout.splitlines()[-1])["samples"][0].startswith("The cat")
+    other = CliRunner().invoke(app, [*args, "--set", f"train.init_from={tmp_path / 'never'}"])
+    assert other.exit_code == 1 and "has not been fetched into" in other.output and "Traceback" not in other.output
