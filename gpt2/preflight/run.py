@@ -34,6 +34,7 @@ from gpt2.process.distributed import (
     pick_device,
 )
 from gpt2.root import layout
+from gpt2.weights.init import with_resolved_init
 
 DEFAULT_STEPS = 5
 """Timed steps after the first (which compiles): enough for a steady median."""
@@ -70,6 +71,8 @@ def preflight(config: Config, synthetic: bool = False, steps: int = DEFAULT_STEP
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     report = Report(show if rank == 0 else None)
     config, steps_note = _resolve_steps(config)
+    # A fine-tune whose weights are in the root: its run's name and its model's vocabulary (gpt2.weights.init).
+    config = with_resolved_init(config, fetching=False, required=False)
     store = None
     if world > 1:
         store = collectives.roll_call_store(join_timeout_s)
