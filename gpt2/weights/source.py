@@ -19,6 +19,7 @@ import torch
 from gpt2.checkpoint.catalog import MARKER
 from gpt2.checkpoint.store import load_model, load_weights
 from gpt2.config.sections import ModelConfig
+from gpt2.errors import UserError
 from gpt2.model import GPT
 from gpt2.root import storage
 from gpt2.tokenizer import N_VOCAB
@@ -74,8 +75,12 @@ def _read(source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                 return load_llmc_bin(local)
             if storage.exists(storage.join(url, "config.json")):
                 return load_hf_dir(_local(url, HF_FILES, Path(tmp)))
-    except OSError as err:  # the hub or a bucket that does not answer: name it, as the data stage does
-        raise WeightsError(f"{source} cannot be read ({type(err).__name__}: {str(err)[:200]})") from None
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the hub or a bucket that does not answer (OSError, httpx's
+        # ConnectError, a client's own): named with the URL, as the data stage names its source
+        raise WeightsError(f"{source} cannot be read ({type(err).__name__}: {str(err)[:200]}): check the URL, "
+                           "the network and the credentials") from None
     raise WeightsError(f"{source} holds no weights this project reads: a Hugging Face GPT-2 directory "
                        "(config.json), an llm.c model .bin, or a checkpoint of a run (its COMPLETE marker)")
 

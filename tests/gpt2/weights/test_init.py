@@ -199,3 +199,19 @@ def test_gpt2_sample_finds_a_fine_tunes_run_by_its_settings(tmp_path):
     assert json.loads(out.stdout.splitlines()[-1])["samples"][0].startswith("The cat")
     other = CliRunner().invoke(app, [*args, "--set", f"train.init_from={tmp_path / 'never'}"])
     assert other.exit_code == 1 and "has not been fetched into" in other.output and "Traceback" not in other.output
+
+
+def test_a_source_that_does_not_answer_is_named_with_its_url(tmp_path, monkeypatch):
+    """The hub unreachable (offline, httpx's ConnectError: not an OSError) is one line naming the URL."""
+    from gpt2.weights import source
+
+    class ConnectError(Exception):
+        pass
+
+    def unreachable(url):
+        raise ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(source.storage, "exists", unreachable)
+    with pytest.raises(WeightsError, match=r"^hf://openai-community/gpt2 cannot be read \(ConnectError: \[Errno -2\] "
+                                           r"Name or service not known\): check the URL, the network"):
+        source.load_source("hf://openai-community/gpt2")
