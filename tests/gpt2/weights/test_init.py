@@ -215,3 +215,27 @@ def test_a_source_that_does_not_answer_is_named_with_its_url(tmp_path, monkeypat
     with pytest.raises(WeightsError, match=r"^hf://openai-community/gpt2 cannot be read \(ConnectError: \[Errno -2\] "
                                            r"Name or service not known\): check the URL, the network"):
         source.load_source("hf://openai-community/gpt2")
+
+
+def test_llmcs_zero_padding_is_dropped_so_the_loss_stays_gpt2s(tmp_path):
+    """llm.c's gpt2_124M.bin pads OpenAI's 50257 rows with zeros to 50304: read as they are, those
+    tokens' logits would be 0, above every real one, in a softmax over every row. They are dropped;
+    the run's model has GPT-2's 50257 rows and the loss of the same weights without the padding."""
+    config = tiny_config(tmp_path)
+    model = GPT(config.model)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state["transformer.wte.weight"][50257:] = 0  # as llm.c's export of OpenAI's weights
+    path = write_model_bin(state, config.model, tmp_path / "gpt2_124M.bin")
+    resolved = with_resolved_init(tiny_config(tmp_path, **{"train.init_from": str(path)}))
+    assert resolved.model.vocab_size == 50257
+    start = init_weights(resolved)
+    assert torch.equal(start["transformer.wte.weight"], state["transformer.wte.weight"][:50257])
+    unpadded = GPT(resolved.model)
+    unpadded.load_state_dict({**start, "lm_head.weight": start["transformer.wte.weight"]})
+    idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
+    model.load_state_dict({**state, "lm_head.weight": state["transformer.wte.weight"]})
+    with torch.no_grad():
+        padded_logits, _ = model.eval()(idx)
+        logits, _ = unpadded.eval()(idx)
+    assert torch.all(padded_logits[..., 50257:] == 0)  # what the dropped rows would have scored
+    assert torch.allclose(logits, padded_logits[..., :50257], rtol=0, atol=1e-6)  # the same GPT-2 otherwise
