@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpt2.config.data import DataConfig, builtin_digest
+from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 
 # Bump when a change to the code changes results for the same config, so old
@@ -122,7 +123,7 @@ INIT_KEYS = ("init_from", "init_sha256")
 
 
 def _init_keys_left_out(train: dict) -> tuple[str, ...]:
-    if train["init_from"] == "scratch":
+    if train["init_from"] == SCRATCH:
         return INIT_KEYS
     return ("init_from",) if train["init_sha256"] else ("init_sha256",)
 

@@ -15,8 +15,12 @@ bench.spike_detector`: the largest z 12.35, a gradient norm; 8 of 272 steps abov
 below a poisoned batch's (120-290); docs/training.md, "Loss spikes"."""
 
 
+SCRATCH = "scratch"
+"""train.init_from's default: random weights, seeded by train.seed."""
+
+
 class TrainConfig(Section):
-    init_from: str = "scratch"
+    init_from: str = SCRATCH
     """Where the weights start: `scratch` (random, seeded by train.seed), or a source of
     weights to fine-tune: a Hugging Face GPT-2 directory (`hf://openai-community/gpt2`,
     our export's `.../export/step_N/hf`), an llm.c model `.bin` (llm.c's gpt2_124M.bin,

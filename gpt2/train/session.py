@@ -19,6 +19,7 @@ from gpt2.checkpoint import staging, store
 from gpt2.checkpoint.lease import Lease, LeaseHeld
 from gpt2.checkpoint.optim_load import rank_state
 from gpt2.config.identity import legacy_train_fingerprint, train_fingerprint
+from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 from gpt2.data.loader import TrainLoader, first_reads, val_batches
 from gpt2.data.manifest import check_shard_sizes, load_manifest
@@ -35,7 +36,7 @@ from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.siblings import sibling_runs
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
-from gpt2.weights.init import SCRATCH, init_weights
+from gpt2.weights.init import init_weights
 
 log = logging.getLogger(__name__)
 

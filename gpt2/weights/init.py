@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 
 from gpt2.config.sections import ModelConfig
+from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 from gpt2.root import layout, storage
 from gpt2.tokenizer import N_VOCAB
 from gpt2.weights.readers import PADDED_VOCAB, WeightsError
 from gpt2.weights.source import load_source
 
-SCRATCH = "scratch"
 WEIGHTS_FILE, RECORD = "model.safetensors", "weights.json"
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 
