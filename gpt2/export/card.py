@@ -17,7 +17,9 @@ from typing import Any
 
 from gpt2.config.identity import fingerprint
 from gpt2.config.presets import PRESETS
+from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
+from gpt2.tokenizer import N_VOCAB
 
 # The sections whose settings make the weights and the HellaSwag figure.
 COMMAND_SECTIONS = ("model", "data", "train", "eval")
@@ -82,9 +84,19 @@ def _leaves(tree: dict, base: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def architecture(config: Config) -> str:
     m = config.model
+    padded = f"; trained padded to {m.vocab_size}" if m.vocab_size > N_VOCAB else ""
     return (f"GPT-2 (decoder-only transformer, Hugging Face `GPT2LMHeadModel`): {m.n_layer} layers, {m.n_head} heads, "
-            f"{m.n_embd} channels, {m.block_size} positions, vocabulary 50,257 (GPT-2's BPE; trained padded to "
-            f"{m.vocab_size}), tied input and output embeddings, GELU (tanh), LayerNorm eps 1e-5")
+            f"{m.n_embd} channels, {m.block_size} positions, vocabulary 50,257 (GPT-2's BPE{padded}), tied input and "
+            "output embeddings, GELU (tanh), LayerNorm eps 1e-5")
+
+
+def origin(config: Config) -> str:
+    """From scratch, or fine-tuned from which weights (train.init_from, their sha256)."""
+    t = config.train
+    if t.init_from == SCRATCH:
+        return f"GPT-2 trained from scratch by gpt2-pipeline (preset `{config.preset}`)"
+    sha = f" (sha256 {t.init_sha256})" if t.init_sha256 else ""
+    return f"GPT-2 fine-tuned by gpt2-pipeline (preset `{config.preset}`) from the weights of `{t.init_from}`{sha}"
 
 
 def training(facts: CardFacts) -> str:
@@ -118,7 +130,7 @@ def card_body(facts: CardFacts) -> str:
     return "\n".join([
         f"# {c.export.registered_model}",
         "",
-        f"GPT-2 trained from scratch by gpt2-pipeline (preset `{c.preset}`), checkpoint at step {facts.step:,}.",
+        f"{origin(c)}, checkpoint at step {facts.step:,}.",
         "",
         f"- **Architecture**: {architecture(c)}.",
         f"- **Training data**: {training(facts)}.",

@@ -105,3 +105,19 @@ def test_the_export_carries_a_model_card_that_follows_the_evaluation(smoke_confi
     card = read_card(writer.export_checkpoint(ref, config.runtime.root))
     assert "acc_norm 0.2945, acc 0.2891 on 10,042 items of the HellaSwag validation set" in card
     assert "NOT the benchmark" not in card
+
+
+def test_a_fine_tunes_card_names_the_weights_it_started_from():
+    """#60: a fine-tune's card says where its weights started (and their sha256), not "from scratch";
+    its vocabulary is GPT-2's 50,257 rows, unpadded."""
+    from gpt2.config.overrides import resolve_config
+    from gpt2.export.card import CardFacts, card_body
+
+    tuned = resolve_config("smoke", {"train.init_from": "hf://openai-community/gpt2", "train.init_sha256": "a" * 64,
+                                     "model.vocab_size": 50257})
+    body = card_body(CardFacts(tuned, 4, {}, None, "dev"))
+    assert (f"GPT-2 fine-tuned by gpt2-pipeline (preset `smoke`) from the weights of `hf://openai-community/gpt2` "
+            f"(sha256 {'a' * 64}), checkpoint at step 4.") in body
+    assert "vocabulary 50,257 (GPT-2's BPE), tied" in body and "from scratch" not in body
+    scratch = card_body(CardFacts(resolve_config("smoke"), 4, {}, None, "dev"))
+    assert "GPT-2 trained from scratch by gpt2-pipeline" in scratch and "trained padded to 50304" in scratch
