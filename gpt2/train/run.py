@@ -18,9 +18,8 @@ from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
 from gpt2.train.preemption import SigtermGuard
 from gpt2.train.progress import Progress, StepInfo
-from gpt2.train.session import TrainingError, open_session, take_lease
+from gpt2.train.session import TrainingError, open_session, resolve_init, take_lease
 from gpt2.train.startup import StartupParts
-from gpt2.weights.init import with_resolved_init
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +109,12 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     after SIGTERM, whatever the replaced SIGTERM handler raises, else
     Preempted (gpt2.train.preemption). The last good checkpoint is always kept."""
     config = with_resolved_steps(config)  # `epoch` as a number: the run's name and the loop need one
-    config = with_resolved_init(config)  # train.init_from's weights in the root, their sha256 in the name
     guard, started = SigtermGuard(interrupts=True), time.time()
     clock = StartupParts(entered=started)
     rt = config.runtime
     with distributed(rt.device, rt.collective_timeout_s, STARTUP_TIMEOUT_S + rt.lease_wait_s) as env, \
             guard.installed():
+        config = resolve_init(config, env)  # train.init_from's weights in the root, their sha256 in the name
         with clock.part("lease"):
             lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
             stop_if_left(config, lease, (tags or {}).get("prefect.flow_run_id"))  # gpt2.ladder: a rung left

@@ -36,7 +36,8 @@ from gpt2.train.restore import restore_rng, shared_checkpoint
 from gpt2.train.siblings import sibling_runs
 from gpt2.train.startup import StartupParts
 from gpt2.train.step import Batch, MemorySettings, StepContext, configured, find_micro_batch, warm_up
-from gpt2.weights.init import init_weights
+from gpt2.weights.init import init_weights, with_resolved_init
+from gpt2.weights.readers import WeightsError
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,25 @@ def resolve_precision(config: Config, device: torch.device) -> Precision:
         raise TrainingError(str(err)) from err
     log.info("train.precision=%s: %s", config.train.precision, precision.describe())
     return precision
+
+
+def resolve_init(config: Config, env: DistEnv) -> Config:
+    """train.init_from's weights fetched by rank 0 alone, the others waiting on the control group
+    (the launcher fetches before any rank starts; a run.json written by hand may name weights not
+    fetched yet); then every rank reads the root's record (gpt2.weights.init)."""
+    error = None
+    if env.is_main:
+        try:
+            config = with_resolved_init(config)
+        except UserError as err:
+            error = err
+    if env.is_distributed:
+        box = [str(error) if error else None]
+        dist.broadcast_object_list(box, src=0, group=control_group())  # waits for rank 0's fetch
+        error = error or (WeightsError(box[0]) if box[0] else None)
+    if error is not None:
+        raise error
+    return config if env.is_main else with_resolved_init(config, fetching=False)
 
 
 def take_lease(config: Config, env: DistEnv, flow_run_id: str | None) -> Lease | None:
