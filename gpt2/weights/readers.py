@@ -5,10 +5,12 @@ HF keeps c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj as Conv1D (the transpose o
 nn.Linear); its head is tied to the embedding, as ours. Its vocabulary keeps GPT-2's 50257
 rows: padded with zero rows to the presets' 50304, the padded tokens' logits would be 0, far
 above GPT-2's real ones, and our loss (a softmax over every row, as a from-scratch run learns
-them) would no longer be GPT-2's; the model is built with the weights' own 50257. Buffers HF keeps per block (`attn.bias`, `attn.masked_bias`) are not
-weights and are left out. llm.c's file is a 256-int32 header (magic 20240326, version 3 for
-fp32, 5 for bf16; maxT, V, L, NH, C, Vp), then every tensor in its fixed order, nn.Linear's
-layout, the embedding with its padded rows.
+them) would no longer be GPT-2's; the model is built with the weights' own 50257. Buffers HF
+keeps per block (`attn.bias`, `attn.masked_bias`) are not weights and are left out.
+
+llm.c's file is a 256-int32 header (magic 20240326, version 3 for fp32, 5 for bf16; maxT, V,
+L, NH, C, Vp), then every tensor in its fixed order, nn.Linear's layout, the embedding with its
+padded rows (zeros in llm.c's gpt2_124M.bin: gpt2.weights.source drops those).
 """
 
 from __future__ import annotations

@@ -25,18 +25,23 @@ from gpt2.root import storage
 from gpt2.tokenizer import N_VOCAB
 from gpt2.weights.readers import WeightsError, load_hf_dir, load_llmc_bin
 
-HF_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+"""A Hugging Face directory's weights, in the order they are read: the first that exists."""
 
 
-def _local(url: str, names: tuple[str, ...], into: Path) -> Path:
-    """A remote directory's files among `names`, copied into `into` (a local path stays where it is)."""
+def _local(url: str, into: Path) -> Path:
+    """A remote Hugging Face directory's config.json and its first weights file, copied into
+    `into` (a local path stays where it is). Only the first: the hub's openai-community/gpt2
+    holds both files, and the second would be another 500 MB read for nothing."""
     path = storage.local_path(url)
     if path is not None:
         return path
-    for name in names:
+    storage.get_file(storage.join(url, "config.json"), into / "config.json")
+    for name in HF_WEIGHTS:
         remote = storage.join(url, name)
         if storage.exists(remote):
             storage.get_file(remote, into / name)
+            break
     return into
 
 
@@ -74,7 +79,7 @@ def _read(source: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
                     storage.get_file(url, local)
                 return load_llmc_bin(local)
             if storage.exists(storage.join(url, "config.json")):
-                return load_hf_dir(_local(url, HF_FILES, Path(tmp)))
+                return load_hf_dir(_local(url, Path(tmp)))
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 - the hub or a bucket that does not answer (OSError, httpx's

@@ -239,3 +239,24 @@ def test_llmcs_zero_padding_is_dropped_so_the_loss_stays_gpt2s(tmp_path):
         logits, _ = unpadded.eval()(idx)
     assert torch.all(padded_logits[..., 50257:] == 0)  # what the dropped rows would have scored
     assert torch.allclose(logits, padded_logits[..., :50257], rtol=0, atol=1e-6)  # the same GPT-2 otherwise
+
+
+def test_a_remote_hugging_face_directory_is_read_once_and_only_what_it_needs(tmp_path, monkeypatch):
+    """Any fsspec URL is a source (memory:// standing in for the hub): its config.json and its
+    first weights file are read once, never the second (the hub's gpt2 holds both)."""
+    import fsspec
+
+    directory, reference = _hf_dir(tmp_path / "hf")
+    fs = fsspec.filesystem("memory")
+    for path in directory.iterdir():
+        fs.pipe(f"/hub/gpt2-{tmp_path.name}/{path.name}", path.read_bytes())
+    fs.pipe(f"/hub/gpt2-{tmp_path.name}/pytorch_model.bin", b"the second weights file, never to be read")
+    read, get = [], storage.get_file
+    monkeypatch.setattr(storage, "get_file", lambda url, local: read.append(url) or get(url, local))
+    config = tiny_config(tmp_path, **{"train.init_from": f"memory://hub/gpt2-{tmp_path.name}"})
+    resolved = with_resolved_init(config)
+    assert sorted(u.rsplit("/", 1)[-1] for u in read) == ["config.json", "model.safetensors"]
+    expected = from_hf_state_dict(reference.state_dict(), read_config(directory))
+    assert all(torch.equal(init_weights(resolved)[k], v) for k, v in expected.items())
+    with_resolved_init(config)
+    assert len(read) == 2  # the root's record answers every later start
