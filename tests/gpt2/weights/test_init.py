@@ -260,3 +260,17 @@ def test_a_remote_hugging_face_directory_is_read_once_and_only_what_it_needs(tmp
     assert all(torch.equal(init_weights(resolved)[k], v) for k, v in expected.items())
     with_resolved_init(config)
     assert len(read) == 2  # the root's record answers every later start
+
+
+def test_a_runs_checkpoint_starts_another_run_with_its_weights_bit_for_bit(tmp_path):
+    """Fine-tuning one of our runs: its checkpoint (verified against its marker) is the source, its
+    padded vocabulary kept as it trained; the new run's step 0 holds exactly its weights."""
+    base = tiny_config(tmp_path, **{"train.max_steps": 2})
+    write_dataset(base)
+    train(base)
+    checkpoint = latest_checkpoint(base)
+    tuned = with_resolved_init(tiny_config(tmp_path, **{"train.init_from": checkpoint, "train.lr": 1e-4}))
+    assert tuned.model == base.model and layout.run_name(tuned) != layout.run_name(base)
+    trained, _ = load_model(checkpoint)
+    start = init_weights(tuned)
+    assert all(torch.equal(start[k], v) for k, v in trained.state_dict().items() if k != "lm_head.weight")
