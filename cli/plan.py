@@ -133,6 +133,11 @@ def describe(p: dict[str, Any]) -> str:
         ("GPU-hours", f"{p['gpu_hours']:,.2f}"),
         ("cost", cost),
     ]
+    if p.get("init"):  # a fine-tune: its weights are read before the first step, once
+        init = p["init"]
+        where = ("already in the root: read from there" if init["fetched"]
+                 else f"~{_gb(init['bytes'])} (fp32) read once into the root's weights/ before the first step")
+        rows.insert(1, ("weights", f"{init['source']}: {where}"))
     if p["sessions"] == 1:  # a session limit says nothing about a run shorter than one
         rows = [row for row in rows if row[0] != "sessions"]
     width = max(len(name) for name, _ in rows) + 2

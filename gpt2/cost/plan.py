@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from gpt2.config.data import BUILTIN_PREFIX, SourceError, builtin_documents
+from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 from gpt2.cost.gpus import Gpu, PlanError, gpu
 from gpt2.cost.measured import measured_mfu
@@ -36,6 +37,7 @@ from gpt2.root import layout
 from gpt2.train.memory import estimate_multi_rank_bytes, estimate_step_bytes
 from gpt2.train.session import check_batch_shape
 from gpt2.train.step import MemorySettings, configured, memory_candidates, micro_batch_candidates
+from gpt2.weights.init import fetched
 
 ASSUMED_MFU = 0.4
 """Model FLOPs utilization assumed for the time estimate (llm.c reaches ~40-50% on H100s)."""
@@ -255,6 +257,8 @@ def make_plan(config: Config, gpu_name: str, gpus: int = 1, price_per_hour: floa
         "counted": COUNTED,
         "not_counted": NOT_COUNTED,
     }
+    if t.init_from != SCRATCH:  # a fine-tune reads its weights first, once, into the root (gpt2.weights.init)
+        result["init"] = {"source": t.init_from, "bytes": n_params * 4, "fetched": fetched(config)}
     if config.runtime.gpu_pools:  # without a ladder the plan keeps exactly its keys
         result["ladder"] = ladder_plan.rungs(config, result, price_per_hour)
     return result

@@ -57,6 +57,11 @@ def fetch(config: Config) -> dict:
     return record
 
 
+def fetched(config: Config) -> bool:
+    """train.init_from's weights are in the root already (a start reads them from there)."""
+    return storage.read_record(storage.join(cache_dir(config), RECORD)) is not None
+
+
 def init_problem(config: Config) -> str | None:
     """A local train.init_from that does not exist and was never fetched into the root, said in
     a command's first second (before a pipeline's data stage runs for nothing); a URL is left

@@ -143,3 +143,16 @@ def test_the_assumed_mfu_says_it_is_optimistic_on_a_card_without_bf16(tmp_path, 
     assert t4["assumed_mfu"] == h100["assumed_mfu"] and t4["mfu_from"].startswith("assumed")
     assert "optimistic on a card without bf16 such as the T4" in t4["mfu_from"]
     assert "optimistic" not in h100["mfu_from"]
+
+
+def test_a_fine_tunes_plan_says_its_weights_are_read_first_once(tmp_path):
+    """#60: the plan of a fine-tune names the weights it reads before the first step (their fp32
+    size, once into the root); a scratch plan keeps exactly its keys."""
+    from cli.plan import describe
+    from gpt2.config.overrides import resolve_config
+
+    config = resolve_config("gpt2-124m-finetune", {"runtime.work_dir": str(tmp_path / "work")}, root=str(tmp_path))
+    plan = make_plan(config, "H100")
+    assert plan["init"] == {"source": "hf://openai-community/gpt2", "bytes": plan["params"] * 4, "fetched": False}
+    assert "weights:        hf://openai-community/gpt2: ~0.5 GB (fp32) read once into the root's weights/" in describe(plan)
+    assert "init" not in make_plan(resolve_config("gpt2-124m", root=str(tmp_path)), "H100")
