@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 from gpt2.cost.plan import CHECKPOINT_BYTES_PER_PARAM, count_every, model_size
 from gpt2.data.epoch import planned_steps, with_resolved_steps
@@ -146,6 +147,8 @@ def _local_checks(report: Report, config: Config, env: DistEnv, synthetic: bool,
             report.check("data", data_body)
             if "manifest" in found:
                 manifest_bytes = sum(e.bytes for e in found["manifest"].shards)
+        if config.train.init_from != SCRATCH:  # a fine-tune reads its weights first
+            report.check("weights", lambda: root_checks.init_weights(config))
         report.check("root", lambda: root_checks.root(config, checkpoint_bytes, env.world_size > 1
                                                       or config.runtime.nnodes > 1))
         report.check("lease", lambda: host.lease(config))

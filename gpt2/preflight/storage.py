@@ -19,6 +19,7 @@ from gpt2.preflight.report import Failed, Outcome, Warned
 from gpt2.process.kill_window import kill_window, lengthen
 from gpt2.root import layout, storage
 from gpt2.secrets import redact
+from gpt2.weights.init import cache_dir, fetched
 
 PROBE_BYTES = 64 << 20
 """The object written to time the root: large enough that a bucket's
@@ -60,6 +61,25 @@ def data(config: Config, workers: int | None = None) -> tuple[Outcome, Manifest]
                      "--root: it rebuilds only what is damaged", **figures)
     return Outcome(f"{len(manifest.shards)} shards, {manifest.total_tokens:,} tokens, {total / 1e9:.2f} GB: sizes and "
                    f"sha256 match the manifest ({total / seconds / 1e6:.0f} MB/s)", figures), manifest
+
+
+def init_weights(config: Config) -> Outcome:
+    """train.init_from's weights (a fine-tune): in the root already, or a source that answers, to be
+    read once before the first step (gpt2.weights.init). Raises Failed naming a source that does not."""
+    source = config.train.init_from
+    if fetched(config):
+        return Outcome(f"train.init_from={redact(source)}: in the root ({redact(cache_dir(config))}), the source "
+                       "is not read again", {"init_fetched": True})
+    try:
+        there = storage.exists(storage.normalize_url(source))
+    except Exception as err:  # noqa: BLE001 - the hub or a bucket that does not answer: named with the URL
+        raise Failed(f"train.init_from={redact(source)} cannot be reached ({type(err).__name__}: {redact(str(err))}); "
+                     "check the URL, the network and the credentials") from None
+    if not there:
+        raise Failed(f"train.init_from={redact(source)} does not exist; give a Hugging Face GPT-2 directory, an llm.c "
+                     "model .bin or a run's checkpoint")
+    return Outcome(f"train.init_from={redact(source)} answers: its weights are read once into the root before the "
+                   "first step", {"init_fetched": False})
 
 
 def _reason(err: ShardError, shard_url: str) -> str:

@@ -321,3 +321,20 @@ def test_a_lease_held_by_this_flow_runs_earlier_attempt_is_waited_for_not_failed
     assert "this flow run's earlier attempt holds the run's lease" in _detail(result, "lease")
     assert "waits up to 240 s" in _detail(result, "lease")
     assert other_code == 1 and other["failed"] == ["lease"]  # another flow run's trainer: refused as before
+
+
+def test_a_fine_tunes_weights_are_checked_in_the_root_or_at_their_source(tmp_path):
+    """#60: the preflight knows a fine-tune reads its weights first: already in the root, a source
+    that answers (read once before the first step), or one that does not exist, failed by name."""
+    from gpt2.preflight import storage as root_checks
+    from gpt2.preflight.report import Failed
+    from gpt2.weights.init import RECORD, cache_dir
+
+    (tmp_path / "hf").mkdir()
+    config = tiny_config(tmp_path, **{"train.init_from": str(tmp_path / "hf")})
+    assert "answers: its weights are read once into the root" in root_checks.init_weights(config).detail
+    storage.write_record(storage.join(cache_dir(config), RECORD), {"sha256": "0" * 64})
+    assert "in the root (" in root_checks.init_weights(config).detail
+    missing = tiny_config(tmp_path, **{"train.init_from": str(tmp_path / "nothing")})
+    with pytest.raises(Failed, match=r"train.init_from=.*nothing does not exist"):
+        root_checks.init_weights(missing)
