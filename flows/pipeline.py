@@ -117,10 +117,11 @@ def pin_init(config: Config, params: dict[str, Any]) -> Config:
     """train.init_from's weights fetched into the root once, here on the parent's (CPU) pool,
     and their sha256 pinned into the stages' overrides: train, evaluate and export (on any
     machine) name the same run, and the GPU machine reads the root's copy, never the source."""
-    config = with_resolved_init(config)
-    if config.train.init_sha256:
-        params["overrides"] = {**params["overrides"], "train.init_sha256": config.train.init_sha256}
-    return config
+    resolved = with_resolved_init(config)
+    if resolved.train.init_sha256:  # with the vocabulary the weights gave: the overrides alone name the run
+        params["overrides"] = {**params["overrides"], "train.init_sha256": resolved.train.init_sha256,
+                               "model.vocab_size": resolved.model.vocab_size}
+    return resolved
 
 
 def report_runs(parent: Tracker, config: Config, train_run_id: str | None, logger: Any) -> None:
