@@ -274,3 +274,11 @@ def test_a_runs_checkpoint_starts_another_run_with_its_weights_bit_for_bit(tmp_p
     trained, _ = load_model(checkpoint)
     start = init_weights(tuned)
     assert all(torch.equal(start[k], v) for k, v in trained.state_dict().items() if k != "lm_head.weight")
+
+
+def test_a_shorter_context_keeps_the_first_positions_as_nanogpt_crops_them(tmp_path):
+    directory, reference = _hf_dir(tmp_path / "hf", n_positions=64)  # the config asks for 32 positions
+    resolved = with_resolved_init(tiny_config(tmp_path, **{"train.init_from": str(directory)}))
+    assert resolved.model.block_size == 32
+    wpe = init_weights(resolved)["transformer.wpe.weight"]
+    assert torch.equal(wpe, reference.state_dict()["transformer.wpe.weight"][:32])
