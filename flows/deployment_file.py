@@ -33,6 +33,11 @@ ZOMBIE_AUTOMATION = "gpt2-zombie-runs"
 DEFAULT_ZOMBIE_AFTER_S = 90
 MIN_ZOMBIE_AFTER_S = 60
 """Two missed 30 s heartbeats: a shorter window calls a run alive but slow to report a zombie."""
+DEFAULT_RESCHEDULE_AFTER_S = 20
+"""How long a crashed run stays Crashed before the reschedule automation puts it back: past the
+process worker's second report of the same crash (reschedule-preempted.yaml says why)."""
+MIN_PROACTIVE_S = 10
+"""Prefect's floor for a proactive trigger's `within`: a shorter wait is refused by its models."""
 
 
 def pool_template(name: str) -> dict[str, Any]:
@@ -64,14 +69,18 @@ def run_counts_beyond(max_reschedules: int) -> list[str]:
 
 
 def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES,
-                zombie_after_s: int = DEFAULT_ZOMBIE_AFTER_S) -> list[dict[str, Any]]:
+                zombie_after_s: int = DEFAULT_ZOMBIE_AFTER_S,
+                reschedule_after_s: int = DEFAULT_RESCHEDULE_AFTER_S) -> list[dict[str, Any]]:
     """Every automation under deployments/automations/, the reschedule one capped at
-    `max_reschedules` (0 disables it: no run count matches) and the cap on the
-    AwaitingRetry path cancelling a run put back beyond it, the zombie one
-    marking a watched run Crashed after `zombie_after_s` without a heartbeat."""
+    `max_reschedules` (0 disables it: no run count matches), waiting `reschedule_after_s`
+    after a crash, and the cap on the AwaitingRetry path cancelling a run put back beyond
+    it, the zombie one marking a watched run Crashed after `zombie_after_s` without a heartbeat."""
     if zombie_after_s < MIN_ZOMBIE_AFTER_S:
         raise ValueError(f"the zombie window must be at least {MIN_ZOMBIE_AFTER_S} s (two missed 30 s heartbeats); "
                          f"got {zombie_after_s}")
+    if reschedule_after_s < MIN_PROACTIVE_S:
+        raise ValueError(f"the reschedule wait must be at least {MIN_PROACTIVE_S} s (Prefect's floor for a "
+                         f"proactive trigger); got {reschedule_after_s}")
     found = []
     for path in _automation_files():
         spec = yaml.safe_load(path.read_text())
@@ -79,6 +88,7 @@ def automations(max_reschedules: int = DEFAULT_MAX_RESCHEDULES,
             counts = run_counts(max_reschedules)
             spec["trigger"]["match"]["prefect.run-count"] = counts
             spec["enabled"] = bool(counts)
+            spec["trigger"]["within"] = reschedule_after_s
         if spec["name"] == RESCHEDULE_CAP_AUTOMATION:
             spec["trigger"]["match"]["prefect.run-count"] = run_counts_beyond(max_reschedules)
         if spec["name"] == ZOMBIE_AUTOMATION:

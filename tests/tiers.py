@@ -14,3 +14,10 @@ def scenario(test):
     for mark in SCENARIO:
         test = mark(test)
     return test
+
+
+# The end-to-end tier's longest groups (tests/conftest.py sends them out first), longest first:
+# the fault soak on its stack (~9 min), the two groups of pipeline modules that share a pytest
+# worker's stack (tests/flows/conftest.py; ~10 min each), the Ctrl-C scenarios (~3 min).
+STACK_A, STACK_B = "stack-a", "stack-b"
+E2E_FIRST = ("tests.bench.soak.test_soak", STACK_A, STACK_B, "tests.cli.test_ctrl_c")

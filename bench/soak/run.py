@@ -53,6 +53,7 @@ from bench.soak.stack import (
     soak_env,
     unmount,
 )
+from flows.deployment_file import DEFAULT_ZOMBIE_AFTER_S
 from gpt2.report.figures_on_record import commit
 
 RESULTS = Path(__file__).with_name("results.jsonl")
@@ -181,7 +182,7 @@ def soak(opts: argparse.Namespace) -> dict[str, Any]:
     _say("training the reference (no faults)")
     reference = reference_digest(env, base)
     _say("standing up the stack")
-    stack = Stack(env, base, opts.max_reschedules)
+    stack = Stack(env, base, opts.max_reschedules, opts.zombie_after_s)
     supervisor = Supervisor(stack.state_dir, timing, _say, env).start()
     injector = faults.Injector(stack.state_dir, mark, supervisor, timing, rng, tuple(opts.kinds), _say)
     pipelines = []
@@ -301,6 +302,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "questions a soak must answer, each at the moment that tests it); drawn ones follow")
     p.add_argument("--small-fs-mb", type=int, default=768, help="size of each pipeline's own filesystem")
     p.add_argument("--max-reschedules", type=int, default=10, help="the stack's reschedule budget per run")
+    p.add_argument("--zombie-after-s", type=int, default=DEFAULT_ZOMBIE_AFTER_S,
+                   help="the stack's zombie window (`gpt2 stack up --zombie-after`): a pause:train-run longer "
+                        "than it is a machine gone")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="a pipeline not final after this is hung")
     p.add_argument("--dir", help="work here and keep it (default: a temporary directory, removed)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")

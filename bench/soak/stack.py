@@ -78,10 +78,10 @@ def unmount(path: Path) -> None:
 class Stack:
     """The soak's stack, through the same calls the tests make."""
 
-    def __init__(self, env: dict[str, str], base: Path, max_reschedules: int):
+    def __init__(self, env: dict[str, str], base: Path, max_reschedules: int, zombie_after_s: int):
         self.env, self.base = env, base
         self.info = gpt2(env, "stack", "up", "--root", str(base / "roots"), "--max-reschedules",
-                         str(max_reschedules), timeout=600)
+                         str(max_reschedules), "--zombie-after", str(zombie_after_s), timeout=600)
         self.state_dir = Path(self.info["state_dir"])
 
     def client(self):

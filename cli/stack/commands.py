@@ -24,7 +24,13 @@ from typing import Optional
 import typer
 
 from cli.common import JsonOpt, emit, fail
-from flows.deployment_file import DEFAULT_MAX_RESCHEDULES, DEFAULT_ZOMBIE_AFTER_S, MIN_ZOMBIE_AFTER_S
+from flows.deployment_file import (
+    DEFAULT_MAX_RESCHEDULES,
+    DEFAULT_RESCHEDULE_AFTER_S,
+    DEFAULT_ZOMBIE_AFTER_S,
+    MIN_PROACTIVE_S,
+    MIN_ZOMBIE_AFTER_S,
+)
 
 app = typer.Typer(help="A local Prefect server, MLflow server and workers (the cloud architecture, on loopback).",
                   no_args_is_help=True)
@@ -39,6 +45,9 @@ ZombieOpt = typer.Option(DEFAULT_ZOMBIE_AFTER_S, "--zombie-after", min=MIN_ZOMBI
                          help="Seconds without a heartbeat after which a GPU run (or the pipeline's parent) is "
                               "marked Crashed and rescheduled. Raise it where networks are flaky: a false alarm "
                               "reschedules a run that is still training (its lease keeps the two apart).")
+RescheduleAfterOpt = typer.Option(DEFAULT_RESCHEDULE_AFTER_S, "--reschedule-after", min=MIN_PROACTIVE_S,
+                                  help="Seconds a crashed GPU run stays Crashed before it is rescheduled: past a "
+                                       "process worker's second report of the same crash.")
 
 
 def _state_dir(path: Optional[Path]) -> Path:
@@ -106,7 +115,8 @@ def _names(values: Optional[list[str]]) -> list[str]:
 
 def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, max_reschedules: int = ReschedulesOpt,
        zombie_after_s: int = ZombieOpt, gpu_pools: Optional[str] = GpuPoolsOpt,
-       no_worker: Optional[list[str]] = NoWorkerOpt, as_json: bool = JsonOpt) -> None:
+       no_worker: Optional[list[str]] = NoWorkerOpt, reschedule_after_s: int = RescheduleAfterOpt,
+       as_json: bool = JsonOpt) -> None:
     """Start the stack (or report the running one) and deploy prefect.yaml to it."""
     from cli.stack import services
     from cli.stack.prefect_setup import LadderPoolsError, stack_pools
@@ -118,7 +128,7 @@ def up(state_dir: Optional[Path] = StateDirOpt, root: Optional[str] = RootOpt, m
         fail(str(err))
     try:
         state = services.up(_state_dir(state_dir), root, max_reschedules, say=_say, zombie_after_s=zombie_after_s,
-                            pools=pools)
+                            pools=pools, reschedule_after_s=reschedule_after_s)
     except (ServiceError, RuntimeError) as err:
         fail(str(err))
     result = services.status(_state_dir(state_dir)) | {"already_up": bool(state.get("already_up"))}
@@ -177,7 +187,7 @@ def status(state_dir: Optional[Path] = StateDirOpt, as_json: bool = JsonOpt) -> 
 
 
 def automations(max_reschedules: int = ReschedulesOpt, zombie_after_s: int = ZombieOpt,
-                as_json: bool = JsonOpt) -> None:
+                reschedule_after_s: int = RescheduleAfterOpt, as_json: bool = JsonOpt) -> None:
     """Apply deployments/automations/ to the Prefect server of the active profile
     (a cluster's, or the stack's), replacing automations of the same names: safe
     to run again, unlike `prefect automation create`."""
@@ -187,7 +197,7 @@ def automations(max_reschedules: int = ReschedulesOpt, zombie_after_s: int = Zom
 
     try:
         with get_client(sync_client=True) as c:
-            names = replace_automations(c, max_reschedules, zombie_after_s)
+            names = replace_automations(c, max_reschedules, zombie_after_s, reschedule_after_s)
             url = str(c.api_url)
     except Exception as err:  # noqa: BLE001 - an unreachable or refusing server, said plainly
         fail(f"could not apply the automations: {err}")

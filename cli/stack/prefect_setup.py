@@ -150,20 +150,22 @@ def create_pools(api_url: str, auth: str, pools: Iterable[str] = tuple(LOCAL_POO
 
 
 def apply_automations(api_url: str, auth: str, max_reschedules: int,
-                      zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S) -> list[str]:
+                      zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S,
+                      reschedule_after_s: int = deployment_file.DEFAULT_RESCHEDULE_AFTER_S) -> list[str]:
     """Create every automation on the stack's server, replacing ones of the same name; returns their names."""
     with client(api_url, auth) as c:
-        return replace_automations(c, max_reschedules, zombie_after_s)
+        return replace_automations(c, max_reschedules, zombie_after_s, reschedule_after_s)
 
 
-def replace_automations(c, max_reschedules: int, zombie_after_s: int) -> list[str]:
+def replace_automations(c, max_reschedules: int, zombie_after_s: int,
+                        reschedule_after_s: int = deployment_file.DEFAULT_RESCHEDULE_AFTER_S) -> list[str]:
     """Through Prefect client `c`: every automation of deployments/automations/,
     each replacing those of its name, so applying twice leaves one of each
     (`prefect automation create` would add a second); returns their names."""
     from prefect.events.schemas.automations import AutomationCore
 
     names = []
-    for spec in deployment_file.automations(max_reschedules, zombie_after_s):
+    for spec in deployment_file.automations(max_reschedules, zombie_after_s, reschedule_after_s):
         for old in c.read_automations_by_name(spec["name"]):
             c.delete_automation(old.id)
         c.create_automation(AutomationCore.model_validate(spec))

@@ -267,7 +267,8 @@ def _procs(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployment_file.DEFAULT_MAX_RESCHEDULES,
        say: Callable[[str], None] = print,
        zombie_after_s: int = deployment_file.DEFAULT_ZOMBIE_AFTER_S,
-       pools: dict[str, bool] | None = None) -> dict[str, Any]:
+       pools: dict[str, bool] | None = None,
+       reschedule_after_s: int = deployment_file.DEFAULT_RESCHEDULE_AFTER_S) -> dict[str, Any]:
     """Start the stack, or return the running one; stops a half-dead one first.
 
     `root` is the artifact root whose MLflow store the server serves (default:
@@ -289,16 +290,16 @@ def up(state_dir: Path, root: str | None = None, max_reschedules: int = deployme
         if existing:
             say("stopping the leftovers of an earlier stack")
             down(state_dir)
-        return _start(state_dir, root, (max_reschedules, zombie_after_s), say, pools)
+        return _start(state_dir, root, (max_reschedules, zombie_after_s, reschedule_after_s), say, pools)
 
 
 def describe_pools(pools: dict[str, bool]) -> str:
     return ", ".join(pool + ("" if worker else " (no worker)") for pool, worker in pools.items())
 
 
-def _start(state_dir: Path, root: str | None, watch: tuple[int, int], say: Callable[[str], None],
+def _start(state_dir: Path, root: str | None, watch: tuple[int, int, int], say: Callable[[str], None],
            pools: dict[str, bool]) -> dict[str, Any]:
-    """`watch`: (max_reschedules, zombie_after_s) for the automations."""
+    """`watch`: (max_reschedules, zombie_after_s, reschedule_after_s) for the automations."""
     from gpt2.root import storage
 
     state: dict[str, Any] = {"root": storage.normalize_url(root) if root else default_root(),
@@ -314,7 +315,7 @@ def _start(state_dir: Path, root: str | None, watch: tuple[int, int], say: Calla
     return state
 
 
-def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int], say: Callable[[str], None]) -> None:
+def _up(state: dict[str, Any], state_dir: Path, watch: tuple[int, int, int], say: Callable[[str], None]) -> None:
     env, auth = _base_env(), _auth_string(state_dir)
     say("starting the Prefect server and the MLflow server")
     _start_server(state, state_dir, env, auth)

@@ -72,6 +72,18 @@ def test_cap_is_a_setting():
         deployment_file.automations(-1)
 
 
+def test_reschedule_wait_is_a_setting():
+    assert _trigger(RESCHEDULE).within.total_seconds() == deployment_file.DEFAULT_RESCHEDULE_AFTER_S == 20
+    spec = _specs_waiting(12)[RESCHEDULE]
+    assert ServerAutomationCore.model_validate(spec).trigger.within.total_seconds() == 12
+    with pytest.raises(ValueError, match="at least 10 s"):
+        deployment_file.automations(reschedule_after_s=9)
+
+
+def _specs_waiting(reschedule_after_s: int) -> dict[str, dict]:
+    return {s["name"]: s for s in deployment_file.automations(reschedule_after_s=reschedule_after_s)}
+
+
 def test_zombie_window_is_a_setting():
     assert _trigger(ZOMBIE).within.total_seconds() == deployment_file.DEFAULT_ZOMBIE_AFTER_S
     spec = {s["name"]: s for s in deployment_file.automations(zombie_after_s=600)}[ZOMBIE]
@@ -111,6 +123,12 @@ def _run_then_crash(client, run_id) -> None:
     client.set_flow_run_state(run_id, Crashed(message="process exited with -9"))
 
 
+# The reschedule automation's wait on the real server: Prefect's floor for a proactive trigger here
+# (the product waits 20 s, past a process worker's second crash report; no worker reports here),
+# still long enough that a reschedule at the first Crashed event would show.
+SHORT_RESCHEDULE_S = deployment_file.MIN_PROACTIVE_S
+
+
 def test_real_server_reschedules_a_crashed_preemptible_run(prefect_server):
     from prefect import flow
 
@@ -120,7 +138,8 @@ def test_real_server_reschedules_a_crashed_preemptible_run(prefect_server):
     with get_client(sync_client=True) as client:
         for old in client.read_automations_by_name(RESCHEDULE):
             client.delete_automation(old.id)
-        automation_id = client.create_automation(AutomationCore.model_validate(_specs()[RESCHEDULE]))
+        spec = _specs_waiting(SHORT_RESCHEDULE_S)[RESCHEDULE]
+        automation_id = client.create_automation(AutomationCore.model_validate(spec))
         try:
             # Prefect only reschedules runs of a deployment (a worker must be able to pick it up).
             deployment_id = client.create_deployment(client.create_flow(probe), "probe")
@@ -132,7 +151,7 @@ def test_real_server_reschedules_a_crashed_preemptible_run(prefect_server):
             crashed_at = time.monotonic()
             after = _wait_state(client, run.id, lambda s: s.type == StateType.SCHEDULED, 60)
             assert (after.state.name, after.run_count) == ("AwaitingRetry", 1)
-            assert time.monotonic() - crashed_at >= _trigger(RESCHEDULE).within.total_seconds() - 1
+            assert time.monotonic() - crashed_at >= SHORT_RESCHEDULE_S - 1
             assert client.read_flow_run(untagged.id).state.type == StateType.CRASHED
         finally:
             client.delete_automation(automation_id)
@@ -215,8 +234,12 @@ def test_real_server_crashes_a_run_that_died_before_its_first_heartbeat(prefect_
     @flow(name="gpt2-zombie-probe")
     def probe() -> None: ...
 
-    window = deployment_file.MIN_ZOMBIE_AFTER_S
-    spec = {s["name"]: s for s in deployment_file.automations(zombie_after_s=window)}[ZOMBIE]
+    # Our automation as the product writes it, its window shortened here (the product's floor, 60 s,
+    # is two missed heartbeats, and no heartbeat is sent here): the server's proactive trigger on the
+    # same spec, after Running and before any beat, is what is checked.
+    window = deployment_file.MIN_PROACTIVE_S  # Prefect's floor for a proactive trigger
+    spec = {s["name"]: s for s in deployment_file.automations(zombie_after_s=deployment_file.MIN_ZOMBIE_AFTER_S)}[ZOMBIE]
+    spec["trigger"]["within"] = window
     with get_client(sync_client=True) as client:
         for old in client.read_automations_by_name(ZOMBIE):
             client.delete_automation(old.id)
@@ -227,7 +250,9 @@ def test_real_server_crashes_a_run_that_died_before_its_first_heartbeat(prefect_
             time.sleep(2)  # let the automation load before the first event
             client.set_flow_run_state(run.id, Pending())
             client.set_flow_run_state(run.id, Running())  # ... and not a beat after it
+            running_at = time.monotonic()
             after = _wait_state(client, run.id, lambda s: s.type == StateType.CRASHED, window + 60)
             assert "No heartbeat" in after.state.message
+            assert time.monotonic() - running_at >= window - 1  # the window, not the first event
         finally:
             client.delete_automation(automation_id)

@@ -1,8 +1,8 @@
 """Driving the local stack's pipelines from the end-to-end tests: start runs as
 a user does (`prefect deployment run`), find the processes the workers
 started, wait for states and checkpoints. The `stack` fixture itself is in
-conftest.py: one stack per test module, so modules run side by side
-(pytest -n) each on its own servers, workers and ports."""
+conftest.py: one stack per pytest worker, each module on a root of its own, so
+workers run side by side (pytest -n) each on its own servers, workers and ports."""
 
 from __future__ import annotations
 

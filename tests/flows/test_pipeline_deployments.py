@@ -9,8 +9,8 @@ gpt2/full-pipeline`:
    whose steps continue, plus evaluation, export and a registered model version;
 3. a repeat of the first run completes with every data task Cached.
 
-The SIGTERM and parent-death paths are in test_pipeline_preemption.py, on a
-stack of their own, so the two modules run side by side (pytest -n 2).
+The SIGTERM and parent-death paths are in test_pipeline_preemption.py. Each module on the
+pytest worker's shared stack (tests/flows/conftest.py), on a root of its own.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from tests.flows.pipeline_stack import (
     wait_checkpoint,
     wait_final,
 )
+from tests.tiers import STACK_A
 
-pytestmark = pytest.mark.e2e
+# One pytest worker's stack for this module and the other modules of STACK_A (tests/tiers.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group(STACK_A)]
 
 
 def test_first_run_completes_on_the_pools(stack):

@@ -10,7 +10,7 @@
 3. the parent's own process killed mid-pipeline: rescheduled, it re-attaches
    to the training run it started and completes.
 
-On a stack of its own (conftest.py), beside test_pipeline_deployments.py.
+On the pytest worker's shared stack (tests/flows/conftest.py), on a root of its own.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ from tests.flows.pipeline_stack import (
     pipeline_completed,
     wait_settled,
 )
+from tests.tiers import STACK_B
 
-pytestmark = pytest.mark.e2e
+# One pytest worker's stack for this module and the other modules of STACK_B (tests/tiers.py).
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group(STACK_B)]
 
 
 # Long enough that a SIGTERM lands mid-training (it is sent a second after the
