@@ -42,7 +42,9 @@ def pytest_xdist_auto_num_workers(config):
     Cores as the data stage counts them: those this process may run on."""
     from gpt2.data.process_pool import default_workers
 
-    return 2 * default_workers() if _e2e_session(config) else default_workers() + 1
+    if _e2e_session(config):  # capped: each worker holds torch, Prefect and MLflow (~1 GB) and maybe a stack
+        return min(2 * default_workers(), 8)
+    return default_workers() + 1
 
 
 E2E_TIMEOUT_S = 600
