@@ -186,3 +186,30 @@ def test_ddp_two_gloo_processes_match_one_process_with_accumulation(reference, t
     again = run_to_end(config, tmp_path, torchrun=2)
     assert again["resumed_from_step"] == 4 and again["world_size"] == 2
     assert again["final_val_loss"] == pytest.approx(ref["final_val_loss"], abs=1e-4)
+
+
+def test_a_fine_tune_sigkilled_and_rerun_without_its_source_ends_like_an_uninterrupted_one(tmp_path):
+    """`train.init_from` under real kills: the copy in the root, not the source, is what the
+    rerun starts from (the source is gone by then), and it ends bit for bit where a fine-tune
+    never killed ends, on a root of its own."""
+    from tests.gpt2.weights.test_init import _hf_dir
+
+    source, _ = _hf_dir(tmp_path / "hf")
+    alone = tiny_config(tmp_path / "alone", **{"train.init_from": str(source)})
+    write_dataset(alone)
+    ref = run_to_end(alone, tmp_path / "alone")
+
+    config = tiny_config(tmp_path / "killed", **{"train.init_from": str(source)})
+    write_dataset(config)
+    proc, lines = launch(config, tmp_path), []
+    wait_for(proc, "step_000002 written", lines)
+    # The same run's name on this root (the weights' sha256 names it, not where they were).
+    name = Path(storage.local_path(ref["checkpoint"])).parents[1].name
+    run_dir = layout.run_dir_under(layout.root(config), name)
+    sigkill(proc, run_dir)
+    shutil.rmtree(source)
+    result = run_to_end(config, tmp_path)
+    assert result["resumed_from_step"] >= 2 and result["steps"] == 8
+    assert result["final_val_loss"] == ref["final_val_loss"]
+    ours, theirs = weights(result["checkpoint"]), weights(ref["checkpoint"])
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
