@@ -38,8 +38,8 @@ def sibling_runs(config: Config, fresh: bool = False) -> str | None:
                     f"train.init_from={other.train.init_from}; to continue it, set train.init_from="
                     f"{other.train.init_from}; to start the other at step 0, rerun with --fresh (gpt2 train --fresh)")
         if model_data_fingerprint(other) == mine:
-            changed = [f"train.{k}" for k, v in sorted(config.train.model_dump().items())
-                       if other.train.model_dump()[k] != v]
+            theirs = other.train.model_dump()
+            changed = [f"train.{k}" for k, v in sorted(config.train.model_dump().items()) if theirs[k] != v]
             changed += ["data.shuffle"] if other.data.shuffle != config.data.shuffle else []  # the read order
             log.warning("starting %s at step 0; run %s has the same model and data (step %s) and differs in "
                         "%s: to continue that run, use its settings", layout.run_name(config), name,
