@@ -112,6 +112,11 @@ class RuntimeConfig(Section):
     stage_start_timeout_s: float = Field(3600.0, gt=0)
     """A stage deployment run that waits this long to start (no worker on its
     pool, no GPU capacity) fails the pipeline with a message saying so."""
+    max_parallel_runs: int = Field(1, ge=1)
+    """Most members of a sweep (`gpt2 sweep`) training at once; the others wait their turn.
+    The GPU pool's own concurrency limit applies too, whichever is lower. 1 by default: a
+    second member in flight rents a second GPU machine, which only pays when the pool has the
+    slots and the budget allows it (prefect.yaml gives the train deployment one slot)."""
     lease_wait_s: float = Field(0.0, ge=0)
     """How long a trainer waits for a run held by another before refusing (0: refuse at once)."""
     collective_timeout_s: float = Field(600.0, gt=0)
