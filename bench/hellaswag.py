@@ -26,8 +26,8 @@ import torch
 from gpt2.checkpoint.store import load_model
 from gpt2.config.presets import PRESETS
 from gpt2.export.hf import write_hf_dir
-from gpt2.hellaswag import Item, load_rows, score_items, summarize
-from gpt2.hellaswag.harness import run_hellaswag
+from gpt2.eval.hellaswag import Item, load_rows, score_items, summarize
+from gpt2.eval.hellaswag.harness import run_hellaswag
 from gpt2.model import GPT
 from gpt2.process.distributed import pick_device
 

@@ -10,7 +10,7 @@ from prefect import task
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.config.identity import eval_fingerprint
 from gpt2.config.tree import Config
-from gpt2.hellaswag import evaluate as evaluation
+from gpt2.eval.hellaswag import evaluate as evaluation
 from tasks.common import CODE_VERSION, not_user_error
 from tasks.tracking import checkpoint_tags, stage_run
 

@@ -35,7 +35,7 @@ TOKENS_PARAM, ROOT_PARAM = "train.total_batch_tokens", "runtime.root"  # the con
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _NEWEST_FIRST = ["attributes.start_time DESC"]
 HELLASWAG_STDERR = "hellaswag/acc_norm_stderr"  # logged by the evaluate stage beside HELLASWAG
-# gpt2.hellaswag.items' HUB_SOURCES and FORMAT_SAMPLE (a test keeps them equal): importing that
+# gpt2.eval.hellaswag.items' HUB_SOURCES and FORMAT_SAMPLE (a test keeps them equal): importing that
 # package imports torch, seconds this command does not need.
 HUB_SOURCES, FORMAT_SAMPLE = ("Rowan/hellaswag", "hf://datasets/Rowan/hellaswag"), "builtin:format-sample"
 
@@ -166,10 +166,10 @@ def hellaswag_items(params: dict[str, str]) -> int | None:
 
 
 def _format_sample_items() -> int:
-    """Rows of the shipped format sample (gpt2/hellaswag/format_sample.jsonl), read without importing its package."""
+    """Rows of the shipped format sample (gpt2/eval/hellaswag/format_sample.jsonl), read without importing its package."""
     from importlib.util import find_spec
 
-    folder = Path(find_spec("gpt2.hellaswag").submodule_search_locations[0])
+    folder = Path(find_spec("gpt2.eval.hellaswag").submodule_search_locations[0])
     return sum(1 for row in (folder / "format_sample.jsonl").read_text(encoding="utf-8").splitlines() if row.strip())
 
 

@@ -28,7 +28,7 @@ from gpt2.checkpoint.store import load_model, read_verified
 from gpt2.config.identity import EXPORT_FORMAT_VERSION, fingerprint
 from gpt2.errors import UserError
 from gpt2.export import card, hf, llmc
-from gpt2.hellaswag.evaluate import result_url
+from gpt2.eval.hellaswag.evaluate import result_url
 from gpt2.root import storage
 from gpt2.root.checks import check_writable
 

@@ -12,7 +12,7 @@ group with a long timeout (`control_group`). A failure a rank survives is not
 left to either timeout: the training loop carries it on the step's flag
 all-reduce (gpt2.train.loop).
 
-It sits below the stages that share it (gpt2.data, gpt2.hellaswag, gpt2.train),
+It sits below the stages that share it (gpt2.data, gpt2.eval, gpt2.train),
 so none of them imports another for it.
 
     torchrun --standalone --nproc_per_node=8 -m gpt2.train --config run.json

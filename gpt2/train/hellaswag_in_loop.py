@@ -11,8 +11,8 @@ from typing import Callable
 import torch
 
 from gpt2.config.tree import Config
-from gpt2.hellaswag.items import load_items
-from gpt2.hellaswag.scorer import evaluate_hellaswag, prepare
+from gpt2.eval.hellaswag.items import load_items
+from gpt2.eval.hellaswag.scorer import evaluate_hellaswag, prepare
 from gpt2.model import GPT
 from gpt2.process.distributed import DistEnv, all_reduce, any_rank, autocast
 

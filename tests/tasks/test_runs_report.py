@@ -159,9 +159,9 @@ def test_a_limited_or_sample_hellaswag_is_noted_from_the_runs_eval_params():
 
 
 def test_the_items_behind_an_in_loop_score_follow_the_source_and_limit():
-    from gpt2.hellaswag.items import FORMAT_SAMPLE as SAMPLE_SOURCE
-    from gpt2.hellaswag.items import HUB_SOURCES as HUB
-    from gpt2.hellaswag.items import load_rows
+    from gpt2.eval.hellaswag.items import FORMAT_SAMPLE as SAMPLE_SOURCE
+    from gpt2.eval.hellaswag.items import HUB_SOURCES as HUB
+    from gpt2.eval.hellaswag.items import load_rows
 
     assert (runs_report.HUB_SOURCES, runs_report.FORMAT_SAMPLE) == (HUB, SAMPLE_SOURCE)  # copied, kept equal
     sample = len(load_rows(SAMPLE_SOURCE))

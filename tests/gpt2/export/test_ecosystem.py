@@ -15,7 +15,7 @@ from gpt2.checkpoint.store import save_checkpoint
 from gpt2.config.sections import ModelConfig
 from gpt2.export import writer
 from gpt2.export.hf import write_hf_dir
-from gpt2.hellaswag.evaluate import result_url
+from gpt2.eval.hellaswag.evaluate import result_url
 from gpt2.model import GPT
 from gpt2.root import layout, storage
 from gpt2.tokenizer import get_encoding

@@ -12,8 +12,8 @@ import torch.nn as nn
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
-from gpt2.hellaswag.logprobs import score_requests
-from gpt2.hellaswag.scorer import encode
+from gpt2.eval.hellaswag.logprobs import score_requests
+from gpt2.eval.hellaswag.scorer import encode
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
 
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from gpt2.config.presets import smoke
-from gpt2.hellaswag import evaluate_hellaswag, load_items, score_items
-from gpt2.hellaswag.items import FORMAT_SAMPLE
-from gpt2.hellaswag.lm_eval_model import GPTLM
-from gpt2.hellaswag.logprobs import model_inputs, selected_logits
-from gpt2.hellaswag.scorer import item_requests
+from gpt2.eval.hellaswag import evaluate_hellaswag, load_items, score_items
+from gpt2.eval.hellaswag.items import FORMAT_SAMPLE
+from gpt2.eval.hellaswag.lm_eval_model import GPTLM
+from gpt2.eval.hellaswag.logprobs import model_inputs, selected_logits
+from gpt2.eval.hellaswag.scorer import item_requests
 from gpt2.model import GPT
 from gpt2.tokenizer import get_encoding
 
@@ -109,7 +109,7 @@ def test_packed_endings_score_as_separate_rows(items):
 
 
 def test_items_prepared_once_score_as_raw_items_and_split_by_rank(model, items):
-    from gpt2.hellaswag.scorer import prepare
+    from gpt2.eval.hellaswag.scorer import prepare
 
     prepared = prepare(items)
     assert prepare(prepared) is prepared  # already tokenized: nothing redone

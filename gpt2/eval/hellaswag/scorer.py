@@ -30,9 +30,9 @@ import tiktoken
 import torch
 import torch.nn as nn
 
-from gpt2.hellaswag.items import Item
-from gpt2.hellaswag.logprobs import ContinuationScore, eval_mode, model_inputs, score_batch
-from gpt2.hellaswag.packed import fits, pack, score_packed
+from gpt2.eval.hellaswag.items import Item
+from gpt2.eval.hellaswag.logprobs import ContinuationScore, eval_mode, model_inputs, score_batch
+from gpt2.eval.hellaswag.packed import fits, pack, score_packed
 from gpt2.model import GPT
 from gpt2.tokenizer import get_encoding
 
@@ -123,7 +123,7 @@ def prepare(items: Sequence[Item] | Prepared) -> Prepared:
 def score_items(model: nn.Module, items: Sequence[Item] | Prepared, device: torch.device | str,
                 batch_size: int = 8) -> list[ItemScore]:
     """Per-item scores, `batch_size` items per forward pass. Our GPT scores the
-    four endings of an item in one packed sequence (`gpt2.hellaswag.packed`);
+    four endings of an item in one packed sequence (`gpt2.eval.hellaswag.packed`);
     another model, or an item longer than the window, as four rows."""
     prepared, device = prepare(items), torch.device(device)
     items, reqs, order = prepared.items, prepared.requests, prepared.order

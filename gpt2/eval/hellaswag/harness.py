@@ -19,7 +19,7 @@ import lm_eval
 import numpy as np
 from lm_eval.api.model import LM
 
-from gpt2.hellaswag.items import write_jsonl
+from gpt2.eval.hellaswag.items import write_jsonl
 
 log = logging.getLogger(__name__)
 

@@ -109,7 +109,7 @@ def parse_jsonl(text: str, name: str) -> list[dict[str, Any]]:
 
 
 def format_sample_text() -> str:
-    return (resources.files("gpt2.hellaswag") / "format_sample.jsonl").read_text(encoding="utf-8")
+    return (resources.files("gpt2.eval.hellaswag") / "format_sample.jsonl").read_text(encoding="utf-8")
 
 
 def _hub_rows() -> list[dict[str, Any]]:
@@ -142,7 +142,7 @@ def load_rows(source: str, limit: int | None = None) -> list[dict[str, Any]]:
 
 
 def load_items(source: str, limit: int | None = None) -> list[Item]:
-    """Preprocessed items of `source`, ready for `gpt2.hellaswag.scorer`."""
+    """Preprocessed items of `source`, ready for `gpt2.eval.hellaswag.scorer`."""
     return [Item.from_row(r) for r in load_rows(source, limit)]
 
 

@@ -5,8 +5,8 @@ The library imports lm-eval only in `lm_eval_model` and `harness`, so the
 training loop's scorer stays light.
 """
 
-from gpt2.hellaswag.items import FORMAT_SAMPLE, HellaSwagDataError, Item, load_items, load_rows
-from gpt2.hellaswag.scorer import evaluate_hellaswag, score_items, summarize
+from gpt2.eval.hellaswag.items import FORMAT_SAMPLE, HellaSwagDataError, Item, load_items, load_rows
+from gpt2.eval.hellaswag.scorer import evaluate_hellaswag, score_items, summarize
 
 __all__ = [
     "FORMAT_SAMPLE",

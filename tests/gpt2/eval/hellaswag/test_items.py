@@ -9,7 +9,7 @@ import fsspec
 import pytest
 from lm_eval.tasks.hellaswag import utils as lm_eval_hellaswag
 
-from gpt2.hellaswag.items import (
+from gpt2.eval.hellaswag.items import (
     FORMAT_SAMPLE,
     HellaSwagDataError,
     Item,
@@ -17,8 +17,8 @@ from gpt2.hellaswag.items import (
     load_rows,
     preprocess,
 )
-from gpt2.hellaswag.logprobs import ContinuationScore
-from gpt2.hellaswag.scorer import judge
+from gpt2.eval.hellaswag.logprobs import ContinuationScore
+from gpt2.eval.hellaswag.scorer import judge
 
 
 def row(**fields):
