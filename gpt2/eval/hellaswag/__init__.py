@@ -1,7 +1,7 @@
 """HellaSwag: data (hub, JSONL file, shipped format sample), lm-eval's
 preprocessing, the native batched scorer and lm-eval itself.
 
-The library imports lm-eval only in `lm_eval_model` and `harness`, so the
+The library imports lm-eval only in `harness` (here and in gpt2.eval.harness), so the
 training loop's scorer stays light.
 """
 

@@ -18,9 +18,9 @@ from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.checkpoint.store import load_model
 from gpt2.config.identity import EVAL_FORMAT_VERSION
 from gpt2.config.tree import Config
+from gpt2.eval.harness.model import GPTLM
 from gpt2.eval.hellaswag.harness import run_hellaswag
 from gpt2.eval.hellaswag.items import HUB_SOURCES, Item, load_rows
-from gpt2.eval.hellaswag.lm_eval_model import GPTLM
 from gpt2.eval.hellaswag.scorer import ItemScore, score_items, summarize
 from gpt2.process.distributed import pick_device
 from gpt2.root import storage

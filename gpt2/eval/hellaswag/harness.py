@@ -1,5 +1,5 @@
-"""Run lm-eval's `hellaswag` task: on the hub's data, or on a local file
-through a task config generated at run time.
+"""Run lm-eval's `hellaswag` task (through gpt2.eval.harness): on the hub's data, or on a
+local file through a task config generated at run time.
 
 The generated config `include`s lm-eval's installed hellaswag.yaml (same
 process_docs, prompt and metrics) and only swaps the data for
@@ -19,6 +19,7 @@ import lm_eval
 import numpy as np
 from lm_eval.api.model import LM
 
+from gpt2.eval.harness.run import run_task
 from gpt2.eval.hellaswag.items import write_jsonl
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ def run_hellaswag(
     Returns {acc, acc_norm, acc_stderr, acc_norm_stderr, n, task, picks, raw}:
     `picks` holds lm-eval's per-item (pred, pred_norm) in document order,
     `raw` the task's result block with lm-eval's own (comma) keys."""
-    from lm_eval.tasks import TaskManager
-
     # Index only lm-eval's hellaswag folder (plus our generated task), not its
     # thousands of task YAMLs: that index alone costs 10-20 s per evaluation.
     paths = [str(stock_task_yaml().parent)]
@@ -82,27 +81,10 @@ def run_hellaswag(
         task = FILE_TASK
         paths.append(str(local_task(rows, work_dir)))
         limit = None  # the file holds exactly the rows to score
-    manager = TaskManager(include_path=paths, include_defaults=False)
-    out = lm_eval.simple_evaluate(
-        model=model,
-        model_args=model_args,
-        tasks=[task],
-        task_manager=manager,
-        limit=limit,
-        batch_size=batch_size,
-        log_samples=True,
-        bootstrap_iters=1000,
-    )
-    return _summarize(out, task)
-
-
-def _summarize(out: dict[str, Any], task: str) -> dict[str, Any]:
-    block = out["results"][task]
-    samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
-    picks = [_picks(s) for s in samples]
-    result = {m: float(block[f"{m},none"]) for m in METRICS}
-    result.update({f"{m}_stderr": _float(block.get(f"{m}_stderr,none")) for m in METRICS})
-    result.update(n=len(samples), task=task, picks=picks, raw=_jsonable(block))
+    out = run_task(model, task, paths, defaults=False, model_args=model_args, limit=limit, batch_size=batch_size)
+    result = {m: out["metrics"][m] for m in METRICS}
+    result.update({f"{m}_stderr": out["metrics"].get(f"{m}_stderr") for m in METRICS})
+    result.update(n=out["n"], task=task, picks=[_picks(s) for s in out["samples"]], raw=out["raw"])
     return result
 
 
@@ -118,14 +100,3 @@ def _picks(sample: dict[str, Any]) -> dict[str, Any]:
         "acc": float(sample["acc"]),
         "acc_norm": float(sample["acc_norm"]),
     }
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None  # lm-eval reports "N/A" when it cannot bootstrap
-
-
-def _jsonable(block: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v if isinstance(v, (str, int, float, bool, type(None))) else str(v)) for k, v in block.items()}

@@ -31,16 +31,10 @@ import torch
 import torch.nn as nn
 
 from gpt2.eval.hellaswag.items import Item
-from gpt2.eval.hellaswag.logprobs import ContinuationScore, eval_mode, model_inputs, score_batch
-from gpt2.eval.hellaswag.packed import fits, pack, score_packed
+from gpt2.eval.logprobs import ContinuationScore, encode, eval_mode, model_inputs, score_batch
+from gpt2.eval.packed import fits, pack, score_packed
 from gpt2.model import GPT
 from gpt2.tokenizer import get_encoding
-
-
-def encode(enc: tiktoken.Encoding, text: str) -> list[int]:
-    # Special tokens written in the text become special ids, as the Hugging
-    # Face tokenizer does, so both lm-eval backends see the same ids.
-    return enc.encode(text, allowed_special="all")
 
 
 def encode_pair(enc: tiktoken.Encoding, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -123,7 +117,7 @@ def prepare(items: Sequence[Item] | Prepared) -> Prepared:
 def score_items(model: nn.Module, items: Sequence[Item] | Prepared, device: torch.device | str,
                 batch_size: int = 8) -> list[ItemScore]:
     """Per-item scores, `batch_size` items per forward pass. Our GPT scores the
-    four endings of an item in one packed sequence (`gpt2.eval.hellaswag.packed`);
+    four endings of an item in one packed sequence (`gpt2.eval.packed`);
     another model, or an item longer than the window, as four rows."""
     prepared, device = prepare(items), torch.device(device)
     items, reqs, order = prepared.items, prepared.requests, prepared.order

@@ -17,7 +17,7 @@ from gpt2.eval.hellaswag.items import (
     load_rows,
     preprocess,
 )
-from gpt2.eval.hellaswag.logprobs import ContinuationScore
+from gpt2.eval.logprobs import ContinuationScore
 from gpt2.eval.hellaswag.scorer import judge
 
 

@@ -1,6 +1,6 @@
 """Log-probabilities of continuations under our GPT, many sequences per forward.
 
-Shared by the native HellaSwag scorer and the lm-eval wrapper, and written to
+Shared by the native HellaSwag and CORE scorers and the lm-eval wrapper, and written to
 give what lm-eval's Hugging Face backend gives: left truncation to the
 context length, right padding, log-softmax over GPT-2's 50,257 real tokens
 (the padded embedding rows are not part of the distribution).
@@ -12,12 +12,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import tiktoken
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2.model import GPT
 from gpt2.tokenizer import N_VOCAB
+
+
+def encode(enc: tiktoken.Encoding, text: str) -> list[int]:
+    """The ids every scorer here scores `text` as. Special tokens written in the text become
+    special ids, as the Hugging Face tokenizer does, so both lm-eval backends see the same ids."""
+    return enc.encode(text, allowed_special="all")
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ import torch.nn as nn
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
-from gpt2.eval.hellaswag.logprobs import score_requests
-from gpt2.eval.hellaswag.scorer import encode
+from gpt2.eval.logprobs import encode, score_requests
 from gpt2.tokenizer import EOT_TOKEN, get_encoding
 
 
@@ -57,7 +56,16 @@ class GPTLM(TemplateLM):
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        raise NotImplementedError("GPTLM scores multiple-choice tasks only (loglikelihood)")
+        raise UnsupportedRequest("loglikelihood_rolling")
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        raise NotImplementedError("GPTLM scores multiple-choice tasks only (loglikelihood)")
+        raise UnsupportedRequest("generate_until")
+
+
+class UnsupportedRequest(NotImplementedError):
+    """A task asks for what GPTLM does not do (generation, rolling perplexity): the runner
+    names the task and the request kind in one line."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
