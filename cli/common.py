@@ -22,6 +22,10 @@ PresetOpt = typer.Option("smoke", "--preset", "-p", help=f"Named preset: {', '.j
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key, e.g. --set train.max_steps=100 (repeatable).")
 RootOpt = typer.Option(None, "--root", help="Artifact root URL (file://…, gs://…, s3://…); default runtime.root.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object as the last line of stdout.")
+GridOpt = typer.Option(None, "--grid", help="A sweep: one member per value, e.g. --grid train.lr=3e-4,6e-4; several "
+                       "--grid make their Cartesian product (values read as --set values).")
+RunsFileOpt = typer.Option(None, "--runs", help="A sweep: a YAML or JSON file listing the members' override sets, e.g. "
+                           "[{train.lr: 3.0e-4}, {train.optimizer: muon}] (crossed with --grid when both are given).")
 VerboseOpt = typer.Option(False, "--verbose", help="Show the traceback of a user error on stderr too (it always goes "
                           "to the log file the error line names).")
 

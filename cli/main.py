@@ -4,6 +4,7 @@
     gpt2 prepare --preset smoke --json
     gpt2 preflight --preset gpt2-124m --root gs://bucket/gpt2
     gpt2 report --runs smoke-1a2b3c4d5e6f --out report.png
+    gpt2 sweep --preset smoke --grid train.lr=1e-3,3e-3
     gpt2 sample --from runs/RUN/export/step_000020/hf --prompt "Hello" --top-k 1
 
 Logs go to stderr; with --json the last line of stdout is one JSON object.
@@ -21,7 +22,7 @@ survive_closed_console()
 
 import typer  # noqa: E402
 
-from cli import config, plan, preflight, report, sample, stages  # noqa: E402
+from cli import config, plan, preflight, report, sample, stages, sweep  # noqa: E402
 from cli.common import defer_errors_to_exit  # noqa: E402
 from cli.stack import commands as stack_commands  # noqa: E402
 
@@ -38,6 +39,7 @@ app.command("evaluate")(stages.evaluate)
 app.command("export")(stages.export)
 app.add_typer(stack_commands.app, name="stack")
 app.command("run")(stages.run)
+app.command("sweep")(sweep.sweep)
 app.command("plan")(plan.plan)
 app.command("preflight")(preflight.preflight)
 app.command("report")(report.report)

@@ -6,15 +6,17 @@
     gpt2 plan --run fineweb-edu-10B-1a2b3c4d5e6f --gpu H100 --gpus 8   # the estimate beside what the run measured
     gpt2 plan --preset gpt2-124m --gpu H100 --set runtime.gpu_pools=gpu-spot:1.1:600:3,gpu:3.9   # each rung's cost
     gpt2 plan --preset gpt2-124m --gpu T4          # a free tier's card: fp16, days, 9-hour sessions
+    gpt2 plan --preset gpt2-124m --gpu H100 --gpus 8 --grid train.lr=6e-4,1.2e-3   # a sweep: its members together
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, emit, fail, load_config
+from cli.common import GridOpt, JsonOpt, PresetOpt, RootOpt, RunsFileOpt, SetOpt, emit, fail, load_config
 
 
 def plan(
@@ -41,9 +43,12 @@ def plan(
     session_hours: float = typer.Option(
         9.0, "--session-hours", help="A session limit to count the run in (Kaggle's 9 h; Colab's free tier up to "
         "12 h): how many sessions, each resuming from the last checkpoint."),
+    grid: Optional[list[str]] = GridOpt,
+    runs_file: Optional[Path] = RunsFileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run)."""
+    """Tokens, steps, checkpoints, disk, micro-batch, GPU-hours and price of a training run (nothing is run);
+    with --grid or --runs, of a sweep: each member's plan, added up, at runtime.max_parallel_runs."""
     from gpt2.cost import actual
     from gpt2.cost.plan import make_plan
     from gpt2.errors import UserError
@@ -62,6 +67,9 @@ def plan(
             config = with_resolved_init(config, fetching=False, required=False)
         result = make_plan(config, gpu, count, price, mfu, list_source, session_hours)
         result["actual"] = actual.compare(config, result, run, actual.price_per_device(config, price, count))
+        if grid or runs_file:  # a sweep: the first member's plan as the keys above, the sweep's under `sweep`
+            result["sweep"] = _sweep(preset, sets, root, grid, runs_file, config,
+                                     lambda c: make_plan(c, gpu, count, price, mfu, list_source, session_hours))
     except UserError as err:
         fail(str(err))
     text = describe(result)
@@ -69,7 +77,22 @@ def plan(
         text += "\n" + ladder_plan.describe(result["ladder"])
     if result["actual"] is not None:
         text += "\n" + actual.describe(result["actual"], result["steps"])
+    if result.get("sweep"):
+        from gpt2.sweep.plan import describe as describe_sweep
+
+        text += "\n" + describe_sweep(result["sweep"])
     emit(result, as_json, text)
+
+
+def _sweep(preset, sets, root, grid, runs_file, config, plan_of) -> dict[str, Any]:
+    """Each member planned as the command plans one run, priced together at the parallelism."""
+    from cli.sweep import load_members
+    from gpt2.sweep.plan import price_sweep
+    from gpt2.weights.init import with_resolved_init
+
+    _, members = load_members(preset, sets, grid, runs_file, root)
+    plans = [plan_of(with_resolved_init(m.config, fetching=False, required=False)) for m in members]
+    return price_sweep([m.label for m in members], plans, config.runtime.max_parallel_runs)
 
 
 def _redo(p: dict[str, Any]) -> str:

@@ -89,6 +89,17 @@ def train(
     emit(result, as_json, f"{summary}\ncheckpoint: {result['checkpoint']}\n{describe_bill(result.get('bill'))}")
 
 
+def check_run(config) -> None:
+    """What `gpt2 run` (and each member of `gpt2 sweep`) checks before any server starts."""
+    if config.runtime.gpu_pools:
+        from gpt2.ladder.rungs import IN_PROCESS
+
+        fail(IN_PROCESS)
+    _check_device(config)
+    _check_source(config)
+    _check_init(config)
+
+
 def _check_source(config) -> None:
     """A mistyped local data.source (a glob that matches nothing, a folder without nanoGPT's
     pair) is answered in the command's first second, once, before any server starts."""
@@ -172,14 +183,7 @@ def run(
 ) -> None:
     """Prepare, train, evaluate and export: every stage cached, so a rerun
     (or a rerun after a crash) only does what is missing."""
-    config = load_config(preset, sets, root)
-    if config.runtime.gpu_pools:
-        from gpt2.ladder.rungs import IN_PROCESS
-
-        fail(IN_PROCESS)
-    _check_device(config)
-    _check_source(config)
-    _check_init(config)
+    check_run(load_config(preset, sets, root))
     # Any stage's error ends the pipeline; the flow already logged its traceback.
     config, result = run_flow("flows.pipeline:pipeline_flow", preset, sets, root, verbose=verbose,
                               errors=(Exception,))

@@ -22,7 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 
 from flows.entry import flow_main
-from flows.stages import run_stage_deployment, stage_overrides
+from flows.stages import publish_result, run_stage_deployment, stage_overrides
 from flows.summary import SUMMARY_RECORD, where_things_are
 from gpt2.config.overrides import resolve_config
 from gpt2.config.tree import Config
@@ -47,13 +47,14 @@ def _parent_record(config: Config) -> str | None:
     return layout.parent_record(config, str(flow_run.id))
 
 
-def parent_tracker(config: Config, preset: str) -> Tracker:
-    """The pipeline's MLflow run; a retried or rescheduled parent flow run
-    reopens the run it created before instead of starting a second one."""
+def parent_tracker(config: Config, preset: str, parent_run_id: str | None = None, kind: str = "pipeline") -> Tracker:
+    """The pipeline's MLflow run (a sweep's: `kind` sweep), a child of `parent_run_id` when
+    given (a sweep's member); a retried or rescheduled parent flow run reopens the run it
+    created before instead of starting a second one."""
     record = _parent_record(config)
     run_id = (storage.read_record(record) or {}).get("mlflow_run_id") if record else None
-    tracker = stage_run(config, f"pipeline-{preset}-{flow_run.name or 'local'}", "pipeline", run_id=run_id,
-                        tags={"preset": preset})
+    tracker = stage_run(config, f"{kind}-{preset}-{flow_run.name or 'local'}", kind, parent_run_id=parent_run_id,
+                        run_id=run_id, tags={"preset": preset})
     if record and tracker.run_id and run_id is None:
         storage.write_record(record, {"mlflow_run_id": tracker.run_id})
     return tracker
@@ -177,9 +178,11 @@ def pipeline_bill(config: Config, results: dict[str, dict[str, Any]], seconds: d
 
 
 @flow(name="gpt2", log_prints=False)
-def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None,
+                  parent_run_id: str | None = None) -> dict[str, Any]:
     """The whole pipeline for a preset plus dotted-key overrides (e.g.
-    {"runtime.root": "gs://bucket/gpt2", "train.max_steps": 100})."""
+    {"runtime.root": "gs://bucket/gpt2", "train.max_steps": 100}); `parent_run_id`: the
+    MLflow run it nests under (a sweep's, flows.sweep)."""
     overrides = dict(overrides or {})
     config = resolve_config(preset, overrides)
     logger = get_run_logger()
@@ -187,7 +190,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     params = {"preset": preset, "overrides": overrides}
     results: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
-    with parent_tracker(config, preset) as parent:
+    with parent_tracker(config, preset, parent_run_id) as parent:
         for stage in STAGES:
             started = time.perf_counter()
             results[stage] = _run_stage(stage, config, params, parent.run_id)
@@ -213,6 +216,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     logger.info("%s", text, extra={SUMMARY_RECORD: True})
     create_markdown_artifact(f"```\n{text}\n```", key="pipeline-summary",
                              description="What this pipeline run did: checkpoint, exports, MLflow, bill")
+    publish_result(config, summary)  # for a sweep that started this run as a deployment (flows.sweep)
     return summary
 
 

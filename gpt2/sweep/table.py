@@ -112,6 +112,8 @@ def describe(rows: list[dict[str, Any]], bill: dict[str, Any]) -> str:
     cost = f"{bill['cost']:,.2f}" if bill["cost"] is not None else "unknown (set runtime.price_per_hour)"
     text.append(f"bill: {bill['members']} member(s), {bill['device_hours']:,.4f} device-hours, cost {cost}")
     for pool, part in bill["pools"].items():
+        if pool == "unknown":  # off a deployment (in this process): the total says it all
+            continue
         text.append(f"  {pool}: {part['attempts']} attempt(s), {part['device_hours']:,.4f} device-hours, cost "
                     + (f"{part['cost']:,.2f}" if part["cost"] is not None else "unknown"))
     return "\n".join(text)

@@ -21,6 +21,7 @@ from gpt2.config.overrides import KNOWN_KEYS, resolve_config
 
 EXPECTED = {  # deployment -> (pool, GPU stage?)
     "gpt2/full-pipeline": ("cpu", False),
+    "gpt2/sweep": ("cpu", False),  # a parent of full-pipeline runs (flows.sweep)
     "gpt2-data/data": ("cpu", False),
     "gpt2-train/train": ("gpu", True),
     "gpt2-eval/evaluate": ("gpu", True),
@@ -57,7 +58,13 @@ def test_parent_flow_starts_exactly_these_stage_deployments():
     from flows.stages import DEPLOYMENTS as PARENT_REFS
 
     assert set(PARENT_REFS.values()) == {n for n, (pool, _) in EXPECTED.items() if pool in ("cpu", "gpu")} - {
-        "gpt2/full-pipeline"}
+        "gpt2/full-pipeline", "gpt2/sweep"}
+
+
+def test_the_sweep_starts_the_deployed_pipeline_and_reads_the_train_deployments_slots():
+    from flows import sweep
+
+    assert sweep.PIPELINE_DEPLOYMENT in EXPECTED and sweep.TRAIN_DEPLOYMENT in EXPECTED
 
 
 @pytest.mark.parametrize("name,spec,flow", DEPLOYMENTS, ids=IDS)
@@ -91,7 +98,7 @@ def test_pools_and_tags(name, spec, flow):
     tags = set(spec.get("tags") or [])
     if gpu:  # selected by the reschedule and zombie automations
         assert {"gpu", "preemptible"} <= tags
-    elif name == "gpt2/full-pipeline":  # the parent: watched and rescheduled, with 30 s heartbeats
+    elif name in ("gpt2/full-pipeline", "gpt2/sweep"):  # parents: watched and rescheduled, with 30 s heartbeats
         assert {"pipeline", "preemptible"} <= tags and "gpu" not in tags
         env = spec["work_pool"]["job_variables"]["env"]
         assert env[deployment_file.HEARTBEAT_ENV] == str(deployment_file.GPU_HEARTBEAT_S)
