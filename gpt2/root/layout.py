@@ -7,12 +7,14 @@ changes only when what it holds would:
     <root>/
       data/<name>-<data fp>/            manifest.json + llm.c shards
       weights/<name>-<source hash>/     train.init_from's weights, fetched once (gpt2.weights.init)
+      eval-bundles/<name>-<source hash>/  eval.core_bundle's CORE tasks, fetched once (gpt2.eval.core.fetch)
       staging/<name>-tokenize-<fp>/     token units written by a Dask cluster's workers
       runs/<name>-<train fp>/           one training run
         checkpoints/step_000500/        a checkpoint (gpt2.checkpoint.store)
         lease/000001.json               who trains this run (gpt2.checkpoint.lease)
         attempts/000001.json            one training attempt: when, where, steps, its end (gpt2.train.attempts)
         eval/step_000500/hellaswag.json
+        eval/step_000500/tasks/<settings hash>/<task>.json   one task's result (an evaluation resumes by them)
         export/step_000500/{hf,llmc}/
       pipeline/parents/<flow run>.json  the parent flow's MLflow run id
       pipeline/stage-results/<flow run>.json
@@ -115,9 +117,19 @@ def init_weights_dir(root_url: str, source: str) -> str:
     """Where train.init_from's weights are kept once fetched: named by the source
     (its last path part, readable, and the hash of its normalized URL), so every
     run that starts from it finds the copy without reading the source again."""
+    return _fetched_dir(root_url, "weights", source)
+
+
+def core_bundle_dir(root_url: str, source: str) -> str:
+    """Where eval.core_bundle's files are kept once fetched, named by the source as the
+    weights are, so every evaluation under the root reads the copy."""
+    return _fetched_dir(root_url, "eval-bundles", source)
+
+
+def _fetched_dir(root_url: str, kind: str, source: str) -> str:
     url = storage.normalize_url(source)
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "weights"
-    return storage.join(storage.normalize_url(root_url), "weights",
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40] or kind
+    return storage.join(storage.normalize_url(root_url), kind,
                         f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:HASH_CHARS]}")
 
 
@@ -184,6 +196,12 @@ def tracking_record(run_dir_url: str) -> str:
 def fresh_marker(run_dir_url: str, flow_run_id: str | None) -> str:
     """Records that one flow run already applied --fresh (it must not twice)."""
     return storage.join(run_dir_url, f".fresh-{flow_run_id or 'local'}")
+
+
+def eval_task_result(eval_dir_url: str, settings: str, task: str) -> str:
+    """One task's result of an evaluation (`settings`: the hash of what defines it), written when
+    the task is scored, so a preempted evaluation resumes without scoring it again."""
+    return storage.join(eval_dir_url, "tasks", settings, re.sub(r"[^A-Za-z0-9._-]+", "_", task) + ".json")
 
 
 def stage_output_dir(root_url: str, run: str, stage: str, step: int) -> str:
