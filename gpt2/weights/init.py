@@ -19,15 +19,17 @@ import hashlib
 import tempfile
 from pathlib import Path
 
-import torch
+from typing import TYPE_CHECKING
 
 from gpt2.config.sections import ModelConfig
 from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 from gpt2.root import layout, storage
 from gpt2.tokenizer import N_VOCAB
-from gpt2.weights.readers import PADDED_VOCAB, WeightsError
-from gpt2.weights.source import load_source
+from gpt2.weights.errors import PADDED_VOCAB, WeightsError
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHTS_FILE, RECORD = "model.safetensors", "weights.json"
 SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
@@ -44,6 +46,8 @@ def fetch(config: Config) -> dict:
     if record is not None:
         return record
     from safetensors.torch import save_file
+
+    from gpt2.weights.source import load_source  # torch: only where weights are read
 
     shape, tensors = load_source(config.train.init_from)
     with tempfile.TemporaryDirectory(prefix="gpt2-init-") as tmp:

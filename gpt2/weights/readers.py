@@ -22,19 +22,13 @@ import numpy as np
 import torch
 
 from gpt2.config.sections import ModelConfig
-from gpt2.errors import UserError
 from gpt2.export.hf import CONV1D, VOCAB_ROWS
 from gpt2.export.llmc import HEADER_INTS, MODEL_MAGIC, MODEL_VERSION_FP32, tensor_order
 from gpt2.model import GPT
 from gpt2.tokenizer import N_VOCAB
+from gpt2.weights.errors import PADDED_VOCAB, WeightsError  # noqa: F401 (both also read from here)
 
-PADDED_VOCAB = 50304
-"""GPT-2's vocabulary padded to a multiple of 128, as the presets' model.vocab_size (llm.c's Vp)."""
 MODEL_VERSION_BF16 = 5
-
-
-class WeightsError(UserError, ValueError):
-    """Weights that cannot be loaded into this project's GPT-2: one line naming the file and what is wrong."""
 
 
 def read_config(directory: Path) -> ModelConfig:
