@@ -134,18 +134,20 @@ def _metric(config, run_id: str, key: str) -> list[float]:
 
 
 def test_an_fp16_run_trains_keeps_its_scaler_and_counts_an_injected_inf_gradient(tmp_path):
-    clean_config = tiny_config(tmp_path / "clean", **{"train.precision": "fp16"})
+    # Four steps (fp16 matmuls are slow on a CPU): the overflow at step 3 is not the last step's.
+    fp16 = {"train.precision": "fp16", "train.max_steps": 4}
+    clean_config = tiny_config(tmp_path / "clean", **fp16)
     write_dataset(clean_config)
     clean = train(clean_config)
-    assert clean.precision == "fp16" and clean.steps == 8
+    assert clean.precision == "fp16" and clean.steps == 4
     state = storage.read_json(storage.join(clean.checkpoint, "state.json"))
     assert state["precision"] == "fp16" and state["loss_scaler"]["skipped_steps"] == clean.skipped_steps
     assert state["loss_scaler"]["scale"] > 0
     history = state["history"]["train"]
     assert history[-1][1] < history[0][1]
-    assert len(_metric(clean_config, clean.mlflow_run_id, "train/loss_scale")) == 8
+    assert len(_metric(clean_config, clean.mlflow_run_id, "train/loss_scale")) == 4
 
-    config = tiny_config(tmp_path / "inf", **{"train.precision": "fp16"})
+    config = tiny_config(tmp_path / "inf", **fp16)
     write_dataset(config)
     # Two micro-batches a step (256 tokens / (4 x 32)): the 5th forward is step 3's first.
     handle = torch.nn.modules.module.register_module_forward_hook(_InfAtForward(5))
@@ -180,12 +182,13 @@ class _StopAfter:
 
 
 def test_a_checkpoint_without_scaler_state_resumes_in_fp16_with_a_fresh_scaler(tmp_path):
-    config = tiny_config(tmp_path)
+    config = tiny_config(tmp_path, **{"train.max_steps": 4})
     write_dataset(config)
     with pytest.raises(Exception, match="stopped by the test"):
         train(config, progress=_StopAfter(2))  # fp32: its checkpoint has no scaler state, as an older release's
     state = storage.read_json(storage.join(layout.checkpoint_dir(layout.run_dir(config), 2), "state.json"))
     assert state["loss_scaler"] is None
-    result = train(tiny_config(tmp_path, **{"train.precision": "fp16"}))  # the same run: precision is runtime
-    assert result.resumed_from_step == 2 and result.steps == 8 and result.precision == "fp16"
+    # The same run (precision is runtime), two steps on in fp16.
+    result = train(tiny_config(tmp_path, **{"train.precision": "fp16", "train.max_steps": 4}))
+    assert result.resumed_from_step == 2 and result.steps == 4 and result.precision == "fp16"
     assert result.skipped_steps is not None
