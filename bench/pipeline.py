@@ -31,7 +31,7 @@ def library_path(preset: str, root: Path, work: Path) -> float:
     from gpt2.config.overrides import resolve_config
     from gpt2.data.prepare import prepare_data
     from gpt2.export.writer import export_checkpoint
-    from gpt2.eval.hellaswag.evaluate import evaluate_checkpoint
+    from gpt2.eval.evaluate import evaluate_checkpoint
     from gpt2.launch.torchrun import train_stage
 
     config = resolve_config(preset, {"runtime.work_dir": str(work), "tracking.enabled": False}, root=str(root))
@@ -73,7 +73,7 @@ def main() -> None:
                 # Import cost (torch, prefect, mlflow, lm-eval) is paid once
                 # here so neither measured path carries it.
                 import flows.pipeline  # noqa: F401
-                import gpt2.eval.hellaswag.evaluate  # noqa: F401
+                import gpt2.eval.evaluate  # noqa: F401
 
                 direct = library_path(args.preset, tmp / "lib-root", tmp / "lib-work")
                 orchestrated, result = orchestrated_path(args.preset, tmp / "root", tmp / "work")

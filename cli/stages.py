@@ -20,14 +20,15 @@ from typing import Optional
 import typer
 
 from cli.common import JsonOpt, PresetOpt, RootOpt, SetOpt, VerboseOpt, emit, fail, load_config, run_flow, setup_logging
-from flows.summary import describe_bill, where_things_are
+from flows.summary import describe_bill, describe_tasks, where_things_are
 
 FreshOpt = typer.Option(False, "--fresh", help="Delete this run's checkpoints and start over (default: resume).")
 CheckpointOpt = typer.Option(
     "latest", "--checkpoint", help="A checkpoint directory URL, or `latest`: the newest complete one of the preset's run."
 )
 
-EVAL_KEYS = ("hellaswag", "mlflow_run_id", "native", "parity", "source", "benchmark", "checkpoint", "step", "result_url", "cached")
+EVAL_KEYS = ("hellaswag", "mlflow_run_id", "native", "parity", "source", "benchmark", "checkpoint", "step", "result_url", "cached",
+             "core", "tasks")
 
 
 def prepare(
@@ -140,19 +141,19 @@ def evaluate(
     as_json: bool = JsonOpt,
     verbose: bool = VerboseOpt,
 ) -> None:
-    """HellaSwag of a checkpoint with lm-eval, checked against the native scorer (cached)."""
+    """The tasks of eval.tasks on a checkpoint (cached): HellaSwag with lm-eval, checked against the native
+    scorer; CORE (`--set eval.tasks=hellaswag,core`); any lm-eval task (`lm-eval:<task>`)."""
     _check_device(load_config(preset, sets, root))
     _, result = run_flow("flows.evaluate:eval_flow", preset, sets, root, verbose=verbose, checkpoint=checkpoint)
     out = {k: result.get(k) for k in EVAL_KEYS}
     h = out["hellaswag"]
-    emit(
-        out,
-        as_json,
-        f"{'cached' if result['cached'] else 'evaluated'} step {result['step']} on {result['source']} "
-        f"({h['n']} items): acc {h['acc']:.4f}, acc_norm {h['acc_norm']:.4f}, "
-        f"acc_norm_per_token {h['acc_norm_per_token']:.4f}; native scorer "
-        f"{'agrees' if result['parity']['agree'] else 'DISAGREES'}\nresult: {result['result_url']}",
-    )
+    lines = [f"{'cached' if result['cached'] else 'evaluated'} step {result['step']}"]
+    if h:
+        lines[0] += (f" on {result['source']} ({h['n']} items): acc {h['acc']:.4f}, acc_norm {h['acc_norm']:.4f}, "
+                     f"acc_norm_per_token {h['acc_norm_per_token']:.4f}; native scorer "
+                     f"{'agrees' if result['parity']['agree'] else 'DISAGREES'}")
+    lines += [line.strip() if not line.startswith("    ") else line[2:] for line in describe_tasks(result)]
+    emit(out, as_json, "\n".join(lines + [f"result: {result['result_url']}"]))
 
 
 def export(

@@ -153,6 +153,8 @@ def summarize(results: dict[str, dict[str, Any]], parent_run_id: str | None) -> 
         "checkpoint": train.get("checkpoint"),
         "final_val_loss": train.get("final_val_loss"),
         "hellaswag": evaluation.get("hellaswag"),
+        "core": evaluation.get("core"),
+        "tasks": evaluation.get("tasks"),
         "hf_dir": export.get("hf_dir"),
         "llmc_bin": export.get("llmc_bin"),
         "registered_model": export.get("registered_model"),
@@ -208,6 +210,8 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
         metrics = {"final_val_loss": summary["final_val_loss"]}
         metrics.update({f"hellaswag/{k}": v for k, v in (summary["hellaswag"] or {}).items()
                         if isinstance(v, (int, float))})
+        if summary["core"]:
+            metrics["core/score"] = summary["core"]["score"]
         parent.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=0)
         parent.log_dict(summary, "pipeline.json")
         report_runs(parent, config, results["train"].get("mlflow_run_id"), logger)

@@ -77,6 +77,26 @@ def describe_hellaswag(config: Config, hs: dict[str, Any]) -> str:
     return line
 
 
+def describe_tasks(result: dict[str, Any]) -> list[str]:
+    """CORE and each further task of eval.tasks: accuracy, centered accuracy (CORE's tasks) and
+    standard errors; none when only HellaSwag was evaluated."""
+    lines = []
+    core = result.get("core")
+    if core:
+        err = f" ± {core['stderr']:.4f}" if core.get("stderr") is not None else ""
+        lines.append(f"  CORE:             {core['score']:.4f}{err} (mean centered accuracy of {core['tasks']} tasks; "
+                     "GPT-2 124M: 0.1139)")
+    for name, task in (result.get("tasks") or {}).items():
+        acc = task.get("acc")
+        line = f"    {name}: acc {_figure(acc)}" if acc is not None else f"    {name}: {task.get('metrics')}"
+        if acc is not None and task.get("acc_stderr") is not None:
+            line += f" ± {task['acc_stderr']:.4f}"
+        if task.get("centered") is not None:
+            line += f"  centered {task['centered']:.4f}"
+        lines.append(line + f"  (n={task.get('n')})")
+    return lines
+
+
 def describe_report(result: dict[str, Any]) -> list[str]:
     """Where the runs report is: `report.png`, an artifact of the pipeline's parent
     MLflow run (flows.pipeline); none without a run of its own."""
@@ -101,7 +121,8 @@ def where_things_are(config: Config, result: dict[str, Any]) -> str:
     lines = [
         f"pipeline finished (cached stages: {cached})",
         f"  final val loss:   {_figure(result['final_val_loss'])}",
-        f"  HellaSwag:        {describe_hellaswag(config, hs)}",
+        f"  HellaSwag:        {describe_hellaswag(config, hs) if hs else 'not evaluated (not in eval.tasks)'}",
+        *describe_tasks(result),
         f"  checkpoint:       {result['checkpoint']}",
         f"  Hugging Face dir: {result['hf_dir']}",
         "      load it:      transformers.GPT2LMHeadModel.from_pretrained('<that dir>')",

@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:  # the docs build from a checkout; the project nee
 
 from gpt2.config import identity  # noqa: E402
 from gpt2.config.presets import PRESETS  # noqa: E402
+from gpt2.config.sections import EvalConfig  # noqa: E402
 from gpt2.config.tree import Config  # noqa: E402
 
 CONFIG_PAGE = "reference/configuration.md"
@@ -117,6 +118,8 @@ def role(section: str, key: str) -> str:
             return "identity: the run, by the weights' sha256 (left out at `scratch`)"
         return "identity: the run"
     if section == "eval":
+        if key in identity.ADDED_EVAL_KEYS:
+            return f"identity: the evaluation (left out at {_value(getattr(EvalConfig(), key))})"
         return "identity: the evaluation"
     if section in ("export", "tracking"):
         return "identity: the model's registration"

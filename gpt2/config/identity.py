@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpt2.config.data import DataConfig, builtin_digest
+from gpt2.config.sections import EvalConfig
 from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
 
@@ -172,10 +173,20 @@ def model_data_fingerprint(config: Config) -> str:
     return fingerprint({"model": config.model.model_dump(mode="json"), "data": data_identity(config)})
 
 
+# Keys added to EvalConfig after evaluations were first cached, with the value the older code
+# behaved as (HellaSwag alone): at that value a key is left out, so an evaluation cached before
+# the key existed keeps its cache key.
+ADDED_EVAL_KEYS = ("tasks", "core_bundle", "max_per_task", "lm_eval_include")
+
+
+def eval_identity(config: Config) -> dict:
+    dumped, defaults = config.eval.model_dump(mode="json"), EvalConfig().model_dump(mode="json")
+    return {k: v for k, v in dumped.items() if k not in ADDED_EVAL_KEYS or v != defaults[k]}
+
+
 def eval_fingerprint(config: Config, model_sha256: str) -> str:
     """An evaluation: the weights and the eval settings."""
-    return fingerprint({"weights": model_sha256, "eval": config.eval.model_dump(mode="json"),
-                        "format": EVAL_FORMAT_VERSION})
+    return fingerprint({"weights": model_sha256, "eval": eval_identity(config), "format": EVAL_FORMAT_VERSION})
 
 
 def export_files_fingerprint(model_sha256: str) -> str:

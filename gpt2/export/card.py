@@ -117,6 +117,8 @@ def hellaswag(result: dict[str, Any] | None) -> str:
     if result is None:
         return "not evaluated yet (`gpt2 evaluate` with the same preset and --set options)"
     h = result["hellaswag"]
+    if h is None:  # an evaluation of other tasks only (eval.tasks without hellaswag)
+        return "not evaluated (the last evaluation's eval.tasks left it out)"
     score = f"acc_norm {h['acc_norm']:.4f}, acc {h['acc']:.4f} on {h['n']:,} items"
     if result.get("benchmark"):
         return f"{score} of the HellaSwag validation set (lm-eval's `hellaswag` task)"

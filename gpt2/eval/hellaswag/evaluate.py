@@ -1,5 +1,6 @@
 """The final HellaSwag evaluation of a checkpoint: lm-eval's numbers, checked
-against the native scorer item by item, kept as a JSON file under the run.
+against the native scorer item by item, kept in the evaluation's JSON file under the run
+(gpt2.eval.evaluate writes it, with the other tasks of eval.tasks):
 
     {root}/runs/{run}/eval/step_000060/hellaswag.json
 
@@ -15,14 +16,11 @@ import logging
 from typing import Any, Sequence
 
 from gpt2.checkpoint.ref import CheckpointRef
-from gpt2.checkpoint.store import load_model
-from gpt2.config.identity import EVAL_FORMAT_VERSION
 from gpt2.config.tree import Config
 from gpt2.eval.harness.model import GPTLM
 from gpt2.eval.hellaswag.harness import run_hellaswag
 from gpt2.eval.hellaswag.items import HUB_SOURCES, Item, load_rows
 from gpt2.eval.hellaswag.scorer import ItemScore, score_items, summarize
-from gpt2.process.distributed import pick_device
 from gpt2.root import storage
 
 log = logging.getLogger(__name__)
@@ -46,11 +44,9 @@ def parity(native: Sequence[ItemScore], picks: Sequence[dict[str, Any]]) -> dict
     return {"items": len(picks), "agree": not differ, "differing_items": differ[:20], "max_abs_logprob_diff": diff}
 
 
-def evaluate_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
-    """Run lm-eval's hellaswag and the native scorer on the checkpoint; write
-    and return the result (see module docstring)."""
-    device = pick_device(config.runtime.device)
-    model, _ = load_model(ref.url, str(device))
+def hellaswag_result(config: Config, model: Any, device: Any) -> dict[str, Any]:
+    """lm-eval's hellaswag and the native scorer on `model`: the HellaSwag part of the result
+    (see module docstring)."""
     cfg = config.eval
     hub = cfg.hellaswag_source in HUB_SOURCES
     rows = load_rows(cfg.hellaswag_source, cfg.limit)
@@ -61,7 +57,7 @@ def evaluate_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
     if not check["agree"]:
         log.warning("native scorer and lm-eval disagree: %s", check)
     summary = summarize(native)
-    result = {
+    return {
         "hellaswag": {
             "acc": lm["acc"],
             "acc_norm": lm["acc_norm"],
@@ -75,12 +71,4 @@ def evaluate_checkpoint(config: Config, ref: CheckpointRef) -> dict[str, Any]:
         "lm_eval": {"task": lm["task"], "results": lm["raw"]},
         "source": cfg.hellaswag_source,
         "benchmark": hub,
-        "checkpoint": ref.url,
-        "step": ref.step,
-        "model_sha256": ref.model_sha256,
-        "format": EVAL_FORMAT_VERSION,
     }
-    url = result_url(ref, config.runtime.root)
-    storage.write_record(url, result)
-    result["result_url"] = url
-    return result

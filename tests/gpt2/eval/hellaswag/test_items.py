@@ -17,8 +17,8 @@ from gpt2.eval.hellaswag.items import (
     load_rows,
     preprocess,
 )
-from gpt2.eval.logprobs import ContinuationScore
 from gpt2.eval.hellaswag.scorer import judge
+from gpt2.eval.logprobs import ContinuationScore
 
 
 def row(**fields):

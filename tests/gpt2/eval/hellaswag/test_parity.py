@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from gpt2.config.presets import smoke
-from gpt2.export.hf import write_hf_dir
+from gpt2.eval.harness.model import GPTLM
 from gpt2.eval.hellaswag import Item, load_rows, score_items, summarize
 from gpt2.eval.hellaswag.harness import run_hellaswag
 from gpt2.eval.hellaswag.items import FORMAT_SAMPLE
-from gpt2.eval.harness.model import GPTLM
+from gpt2.export.hf import write_hf_dir
 from gpt2.model import GPT
 
 # One pytest worker runs this module (--dist loadgroup): its module-scoped fixture is built once, not once per worker.

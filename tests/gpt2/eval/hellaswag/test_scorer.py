@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from gpt2.config.presets import smoke
+from gpt2.eval.harness.model import GPTLM
 from gpt2.eval.hellaswag import evaluate_hellaswag, load_items, score_items
 from gpt2.eval.hellaswag.items import FORMAT_SAMPLE
-from gpt2.eval.harness.model import GPTLM
-from gpt2.eval.logprobs import model_inputs, selected_logits
 from gpt2.eval.hellaswag.scorer import item_requests
+from gpt2.eval.logprobs import model_inputs, selected_logits
 from gpt2.model import GPT
 from gpt2.tokenizer import get_encoding
 
