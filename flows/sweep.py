@@ -32,6 +32,7 @@ from prefect.runtime import deployment, flow_run
 
 from flows.entry import flow_main
 from flows.pipeline import parent_tracker
+from flows.stages import publish_result
 from flows.summary import SUMMARY_RECORD
 from gpt2.config.overrides import resolve_config
 from gpt2.process import signals
@@ -93,16 +94,17 @@ def run_member_deployed(member: Member, preset: str, overrides: dict[str, Any], 
 
 
 def parallelism(members: list[Member]) -> int:
-    """runtime.max_parallel_runs, or the train deployment's concurrency limit where lower: a
-    member waiting on the pool's slot holds nothing, but would count as in flight. 1 in this process."""
+    """runtime.max_parallel_runs, or the slots of the train deployment and of its work pool
+    where fewer (a member beyond them would only wait for a slot). 1 in this process."""
     if not deployment.id:
         return 1
-    limit = members[0].config.runtime.max_parallel_runs
+    limits = [members[0].config.runtime.max_parallel_runs]
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        slots = client.read_deployment_by_name(TRAIN_DEPLOYMENT).concurrency_limit
-    return max(1, min(limit, slots or limit))
+        train = client.read_deployment_by_name(TRAIN_DEPLOYMENT)
+        limits += [train.concurrency_limit, client.read_work_pool(train.work_pool_name).concurrency_limit]
+    return max(1, min(n for n in limits if n))
 
 
 def run_members(members: list[Member], failed_data: dict[int, str], parallel: int,
@@ -182,6 +184,7 @@ def sweep_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None,
                    "mlflow_url": ui_link(parent.uri, parent.experiment_id, parent.run_id) if parent.enabled else None}
         parent.log_dict(summary, "sweep.json")
         report_members(parent, config.tracking.experiment, rows)
+    publish_result(config, summary)  # for whoever started the sweep as a deployment
     text = describe(rows, total)
     logger.info("sweep finished:\n%s", text, extra={SUMMARY_RECORD: True})  # `gpt2 sweep` prints it itself
     create_markdown_artifact(f"```\n{text}\n```", key="sweep-summary", description="Every member of this sweep")

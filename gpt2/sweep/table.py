@@ -1,5 +1,5 @@
 """What a sweep ends with: a row per member (its overrides, state, final val loss, HellaSwag
-when evaluated, tokens, device-hours, cost), the best marked, failures with their one-line
+when evaluated, CORE when asked, tokens, device-hours, cost), the best marked, failures with their one-line
 reason, and the sweep's bill by pool.
 
 The bill of a member is its run's, from the run's attempt records (gpt2.train.bill): a member
@@ -52,6 +52,7 @@ def member_row(member: Member, result: dict[str, Any] | None, error: str | None,
         "reason": error.splitlines()[0] if error else None,
         "final_val_loss": result.get("final_val_loss"),
         "hellaswag": hellaswag,
+        "core": (result.get("core") or {}).get("score"),  # when eval.tasks asks for CORE
         "tokens": steps * member.config.train.total_batch_tokens if steps is not None else None,
         "device_hours": float(bill.get("device_hours") or 0.0),
         "cost": bill.get("cost"),
@@ -102,10 +103,12 @@ def _fig(value: float | None, fmt: str) -> str:
 
 def describe(rows: list[dict[str, Any]], bill: dict[str, Any]) -> str:
     """The table for people: a line per member, `*` on the best, then the failures' reasons and the bill."""
-    head = ("", "#", "state", "val loss", "HellaSwag", "tokens", "dev-hours", "cost", "overrides")
+    core = any(r.get("core") is not None for r in rows)  # a column only when some member was scored
+    head = ("", "#", "state", "val loss", "HellaSwag", *(("CORE",) if core else ()), "tokens", "dev-hours", "cost",
+            "overrides")
     lines = [(("*" if r["best"] else ""), str(r["member"]), r["state"], _fig(r["final_val_loss"], ".4f"),
-              _fig(r["hellaswag"], ".4f"), _fig(r["tokens"], ","), _fig(r["device_hours"], ".4f"),
-              _fig(r["cost"], ",.2f"), r["label"]) for r in rows]
+              _fig(r["hellaswag"], ".4f"), *((_fig(r.get("core"), ".4f"),) if core else ()), _fig(r["tokens"], ","),
+              _fig(r["device_hours"], ".4f"), _fig(r["cost"], ",.2f"), r["label"]) for r in rows]
     widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
     text = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1] for line in [head, *lines]]
     text += [f"member {r['member']} failed: {r['reason']}" for r in rows if r["state"] == "failed"]

@@ -66,6 +66,17 @@ def test_an_unpriced_member_leaves_the_sweep_cost_unknown(tmp_path):
     assert "cost unknown (set runtime.price_per_hour)" in describe([row], sweep_bill([row]))
 
 
+def test_a_core_column_only_when_a_member_was_scored_on_core(members):
+    one, two, _ = members
+    scored = {**_summary(one, 3.0, 0.3, 20), "core": {"score": 0.1139}}
+    rows = [member_row(one, scored, None, None), member_row(two, _summary(two, 3.1, 0.3, 20), None, None)]
+    assert [r["core"] for r in rows] == [0.1139, None]
+    head, first, second = describe(rows, sweep_bill(rows)).splitlines()[:3]
+    assert "CORE" in head and "0.1139" in first and " - " in second
+    rows[0]["core"] = None
+    assert "CORE" not in describe(rows, sweep_bill(rows)).splitlines()[0]
+
+
 def test_no_best_when_every_member_failed(members):
     rows = [member_row(m, None, "boom", None) for m in members]
     assert mark_best(rows) is None and not any(r["best"] for r in rows)
