@@ -27,6 +27,13 @@ class PreflightFailed(UserError):
         """The preflight's JSON result (None: it ended without one)."""
 
 
+IN_FLOW_STEPS = 2
+"""Timed steps of the preflight before training (`gpt2 preflight` times 5): the second step is the
+first at steady state (the optimizer's state exists from the first), so two give the peak and a
+throughput figure; three more would only sharpen a figure the run itself measures minutes later,
+at each start and restart of the run (a few seconds on a GPU, a tenth of a CPU smoke run)."""
+
+
 def run_child(config: Config, log_line: Callable[[str], None]) -> dict[str, Any]:
     """The preflight of `config` in a child; its JSON result. Every line it
     prints goes to `log_line` as it comes. Raises PreflightFailed when a check
@@ -34,7 +41,8 @@ def run_child(config: Config, log_line: Callable[[str], None]) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="gpt2-preflight-") as tmp:
         path = Path(tmp) / "run.json"
         path.write_text(json.dumps(config.model_dump(mode="json")))
-        cmd = [sys.executable, "-m", "gpt2.preflight", "--config", str(path), "--json"]
+        cmd = [sys.executable, "-m", "gpt2.preflight", "--config", str(path), "--json",
+               "--steps", str(IN_FLOW_STEPS)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=terminate_with_parent)
         result, last = None, []

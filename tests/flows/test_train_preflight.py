@@ -5,10 +5,14 @@ trains, with the preflight's figures in MLflow beside the training run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from mlflow import MlflowClient
 
 from flows.train import train_flow
+from gpt2.preflight.child import IN_FLOW_STEPS
 from gpt2.root import layout, storage
 from gpt2.tracking.store import default_tracking_uri
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
@@ -32,7 +36,7 @@ def preflight_runs(config) -> list:
     return client.search_runs([exp.experiment_id], "tags.stage = 'preflight'") if exp else []
 
 
-def test_a_good_machine_passes_the_preflight_and_trains_with_its_figures_in_mlflow(stage):
+def test_a_good_machine_passes_the_preflight_and_trains_with_its_figures_in_mlflow(stage, tmp_path):
     config, args = stage
     result = train_flow(**args)
     assert result["steps"] == 2 and not result["cached"]
@@ -42,6 +46,9 @@ def test_a_good_machine_passes_the_preflight_and_trains_with_its_figures_in_mlfl
     assert run.data.tags["preflight.failed"] == "none"
     client = MlflowClient(default_tracking_uri(config))
     assert "preflight.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    saved = Path(client.download_artifacts(run.info.run_id, "preflight.json", str(tmp_path)))
+    checks = json.loads(saved.read_text())["checks"]
+    assert f"{IN_FLOW_STEPS + 1} full steps ran" in checks["memory"]["detail"]  # the first compiles, 2 timed
     # A cached rerun trains nothing, so it checks nothing either.
     assert train_flow(**args)["cached"] and len(preflight_runs(config)) == 1
 
