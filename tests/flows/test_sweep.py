@@ -1,7 +1,9 @@
-"""`gpt2 sweep` end to end on Prefect's temporary server, as a user runs it: a two-member smoke
-sweep trains both members on one data stage, nests their pipeline runs under the sweep's MLflow
+"""`gpt2 sweep` end to end on Prefect's temporary server, as a user runs it: a smoke sweep from a
+runs file trains two members on one data stage while a third fails in its train stage (the sweep
+exits 1 naming it), nests their pipeline runs under the sweep's MLflow
 run with report.png beside the table; a member equals the same run made alone by `gpt2 run` on
-another root, bit for bit on CPU; the rerun answers every member from its run, training nothing."""
+another root, bit for bit on CPU; the rerun answers every finished member from its run, training
+nothing."""
 
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 SHORT = ("--preset", "smoke", "--set", "train.max_steps=4")
 
 
-def _gpt2(env: dict, cwd: Path, *args: str) -> dict:
+def _gpt2(env: dict, cwd: Path, *args: str, code: int = 0) -> dict:
     done = subprocess.run([sys.executable, "-m", "cli.main", *args, "--json"], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, f"gpt2 {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    assert done.returncode == code, f"gpt2 {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -45,20 +47,26 @@ def test_a_sweep_trains_its_members_on_one_data_stage_as_runs_made_alone(tmp_pat
     from gpt2.config.overrides import resolve_config
 
     env = {**clean_env(tmp_path / "home"), "PYTHONPATH": str(REPO)}
-    sweep = ("sweep", *SHORT, "--grid", "train.lr=1e-3,3e-3", *_on(tmp_path / "sweep"))
-    first = _gpt2(env, tmp_path, *sweep)
-    rows = first["members"]
-    assert [r["state"] for r in rows] == ["trained", "trained"] and first["failed"] == []
+    # Member 3 passes every check before the start and fails in its train stage (its memory cannot
+    # hold the model): its failure is its own, the others finish, the sweep exits 1.
+    (tmp_path / "runs.yaml").write_text("- {train.lr: 1.0e-3}\n- {train.lr: 3.0e-3}\n"
+                                        "- {train.lr: 5.0e-3, runtime.memory_limit_mb: 1}\n")
+    sweep = ("sweep", *SHORT, "--runs", str(tmp_path / "runs.yaml"), *_on(tmp_path / "sweep"))
+    first = _gpt2(env, tmp_path, *sweep, code=1)
+    rows, failed = first["members"][:2], first["members"][2]
+    assert [r["state"] for r in rows] == ["trained", "trained"] and first["failed"] == [3]
+    assert failed["state"] == "failed" and "runtime.memory_limit_mb=1" in failed["reason"]
+    assert "\n" not in failed["reason"] and failed["final_val_loss"] is None and not failed["best"]
     assert [r["overrides"] for r in rows] == [{"train.lr": 1e-3}, {"train.lr": 3e-3}]
     assert rows[0]["run"] != rows[1]["run"] and all(r["tokens"] == 4 * 1024 for r in rows)
     best = min(rows, key=lambda r: r["final_val_loss"])
     assert first["best"] == best["member"] and best["best"] and sum(r["best"] for r in rows) == 1
     assert all(r["device_hours"] > 0 for r in rows)
-    assert first["bill"]["device_hours"] == pytest.approx(sum(r["device_hours"] for r in rows))
+    assert first["bill"]["device_hours"] == pytest.approx(sum(r["device_hours"] for r in first["members"]))
 
     # One data stage for both: one data config, prepared once (a data run of its own in MLflow), the
     # members' pipelines finding it cached.
-    assert len(first["data"]) == 1 and first["data"][0]["cached"] is False and first["data"][0]["members"] == [1, 2]
+    assert len(first["data"]) == 1 and first["data"][0]["cached"] is False and first["data"][0]["members"] == [1, 2, 3]
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'sweep' / 'root' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(resolve_config("smoke").tracking.experiment)
     assert len(client.search_runs([experiment.experiment_id], "tags.stage = 'data'")) == 1
@@ -76,8 +84,9 @@ def test_a_sweep_trains_its_members_on_one_data_stage_as_runs_made_alone(tmp_pat
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
 
     # The rerun: every member answered from its run, no attempt trained.
-    attempts = sorted((tmp_path / "sweep" / "root" / "runs").glob("*/attempts/*.json"))
-    again = _gpt2(env, tmp_path, *sweep)
-    assert [r["state"] for r in again["members"]] == ["cached", "cached"]
-    assert [r["final_val_loss"] for r in again["members"]] == [r["final_val_loss"] for r in rows]
-    assert sorted((tmp_path / "sweep" / "root" / "runs").glob("*/attempts/*.json")) == attempts
+    runs = tmp_path / "sweep" / "root" / "runs"
+    attempts = sorted(a for r in rows for a in (runs / r["run"]).glob("attempts/*.json"))
+    again = _gpt2(env, tmp_path, *sweep, code=1)
+    assert [r["state"] for r in again["members"]] == ["cached", "cached", "failed"]
+    assert [r["final_val_loss"] for r in again["members"][:2]] == [r["final_val_loss"] for r in rows]
+    assert sorted(a for r in rows for a in (runs / r["run"]).glob("attempts/*.json")) == attempts
