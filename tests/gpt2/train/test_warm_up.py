@@ -9,7 +9,6 @@ one needs no C++ compiler (inductor's path: tests/gpt2/train/test_warm_restart.p
 from __future__ import annotations
 
 import torch
-from torch._dynamo.utils import counters
 
 from gpt2.config.sections import ModelConfig
 from gpt2.config.train import TrainConfig
@@ -41,6 +40,7 @@ def _train(raw, model, optimizer, ctx) -> list[float]:
 
 
 def test_the_warm_up_compiles_the_first_steps_programs_and_trains_nothing():
+    from torch._dynamo.utils import counters  # here, not at collection: ~1 s of import in every pytest worker
     ctx = StepContext(CPU, None, 1.0)
     raw, model, optimizer = _run()
     rng = torch.get_rng_state()
