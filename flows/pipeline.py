@@ -28,6 +28,7 @@ from gpt2.config.overrides import resolve_config
 from gpt2.config.tree import Config
 from gpt2.data.epoch import EPOCH, with_resolved_steps
 from gpt2.errors import UserError
+from gpt2.eval.core.fetch import for_training as core_bundle_for_training
 from gpt2.ladder import rungs
 from gpt2.process import signals
 from gpt2.root import layout, storage
@@ -201,6 +202,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
             parent.log_metrics({f"stage_seconds/{stage}": took}, step=0)
             if stage == "data":
                 config = pin_init(pin_steps(config, params), params)
+                core_bundle_for_training(config)  # eval.core_every's CORE bundle, here on the CPU pool
                 # Logged once the step count is known (MLflow never changes a param's value).
                 parent.log_params(config.model_dump(mode="json"))
         summary = summarize(results, parent.run_id)

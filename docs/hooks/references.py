@@ -118,6 +118,8 @@ def role(section: str, key: str) -> str:
             return "identity: the run, by the weights' sha256 (left out at `scratch`)"
         return "identity: the run"
     if section == "eval":
+        if key in identity.IN_LOOP_EVAL_KEYS:
+            return "runtime: never in a fingerprint (what training logs as it goes)"
         if key in identity.ADDED_EVAL_KEYS:
             return f"identity: the evaluation (left out at {_value(getattr(EvalConfig(), key))})"
         return "identity: the evaluation"

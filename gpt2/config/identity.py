@@ -177,11 +177,15 @@ def model_data_fingerprint(config: Config) -> str:
 # behaved as (HellaSwag alone): at that value a key is left out, so an evaluation cached before
 # the key existed keeps its cache key.
 ADDED_EVAL_KEYS = ("tasks", "core_bundle", "max_per_task", "lm_eval_include")
+# Eval keys only the training loop reads (what it logs as it trains): they change neither the weights
+# (no eval key is in a run's identity) nor what the evaluate stage scores, so no fingerprint holds them.
+IN_LOOP_EVAL_KEYS = ("core_every",)
 
 
 def eval_identity(config: Config) -> dict:
     dumped, defaults = config.eval.model_dump(mode="json"), EvalConfig().model_dump(mode="json")
-    return {k: v for k, v in dumped.items() if k not in ADDED_EVAL_KEYS or v != defaults[k]}
+    return {k: v for k, v in dumped.items()
+            if k not in IN_LOOP_EVAL_KEYS and (k not in ADDED_EVAL_KEYS or v != defaults[k])}
 
 
 def eval_fingerprint(config: Config, model_sha256: str) -> str:

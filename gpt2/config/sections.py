@@ -62,6 +62,9 @@ class EvalConfig(Section):
     """Score only the first N items (None: all 10,042)."""
     every_steps: int = Field(0, ge=0)
     """Run the native HellaSwag scorer during training every N steps (0: never)."""
+    core_every: int = Field(0, ge=0)
+    """Score CORE during training every N steps and at the last step (0: never), eval.max_per_task items of
+    each task (nanochat's in-loop look uses 500), from eval.core_bundle as fetched into the root before training."""
     batch_size: int = Field(8, ge=1)
     """Items per forward pass in the native scorers (HellaSwag's, CORE's)."""
     tasks: tuple[str, ...] = ("hellaswag",)

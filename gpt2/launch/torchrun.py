@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpt2.config.tree import Config
+from gpt2.eval.core.fetch import for_training as core_bundle_for_training
 from gpt2.launch import k8s_run, multinode
 from gpt2.process import kill_window
 from gpt2.process.distributed import resolve_nproc, visible_gpus
@@ -258,6 +259,7 @@ def train_stage(config: Config, progress: Progress | None = None, log_line: Call
     # train.init_from fetched once here, before any rank starts: the ranks read the root's copy
     # (gpt2.weights.init), never race each other to the source.
     config = with_resolved_init(config)
+    core_bundle_for_training(config)  # eval.core_every's CORE bundle: the same, fetched here before any rank starts
     nproc = nproc_per_node(config)
     # Fail here, before any process starts, when the global batch cannot split over every node's processes.
     check_batch_shape(config, multinode.world_size(config, nproc))

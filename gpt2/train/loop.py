@@ -7,7 +7,7 @@ when to stop (SIGTERM on any rank stops all of them after the same step).
 With several ranks the stop and lease flags ride on each step's loss
 all-reduce rather than a collective of their own; a signal arriving after
 that point is acted on one step later, on every rank alike. A stop agreed at
-a step skips that step's validation, HellaSwag and samples: the checkpoint
+a step skips that step's validation, in-loop scores and samples: the checkpoint
 comes first, inside the kill window.
 
 A failure one rank survives rides on the next step's flag all-reduce as a
@@ -37,7 +37,7 @@ from gpt2.tracking.tracker import Tracker
 from gpt2.train import memory, mlflow_run, spike_actions
 from gpt2.train.checkpoint_state import checkpoint_state
 from gpt2.train.failure_board import FailureBoard
-from gpt2.train.hellaswag_in_loop import InLoopHellaSwag
+from gpt2.train.in_loop import describe, scorers
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.outcome import Outcome
 from gpt2.train.progress import Progress, StepInfo
@@ -81,8 +81,8 @@ class Loop:
         self.log_every = max(1, self.cfg.train.max_steps // 100)
         self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
         self.failures = RankFailures(session.env, self.writer)
-        self.hellaswag = InLoopHellaSwag(self.cfg, session.env, session.ctx.amp, session.micro_batch,
-                                         self.failures.survive)
+        self.in_loop = scorers(self.cfg, session.env, session.ctx.amp, session.micro_batch,
+                               self.failures.survive)  # HellaSwag's and CORE's (gpt2.train.in_loop)
         self.board = FailureBoard.for_group(session.env)  # watches from run() on
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         held = session.lease.still_held if session.lease else None
@@ -221,7 +221,7 @@ class Loop:
         except Exception as err:  # noqa: BLE001 - rank 0's reporting (the progress hook, a status file)
             self.failures.survive(err, f"reporting step {done}")
         if not stopping:
-            self._hellaswag(done)
+            self._in_loop(done)
         if not stopping and _every(done, cfg.sample_every, cfg.max_steps):
             self._samples(done)
         if not lost and _every(done, cfg.checkpoint_every, cfg.max_steps):
@@ -264,11 +264,11 @@ class Loop:
             log.info("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s",
                      done, self.cfg.train.max_steps, loss, lr, norm, tps, extra)
 
-    def _hellaswag(self, done: int) -> None:
-        metrics = self.hellaswag(self.s.raw_model, done)
-        if metrics and self.s.env.is_main:
-            log.info("HellaSwag at step %d: %s", done, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            self.tracker.log_metrics(metrics, step=done)
+    def _in_loop(self, done: int) -> None:
+        for metrics in (scorer(self.s.raw_model, done) for scorer in self.in_loop):  # every rank scores its share
+            if metrics and self.s.env.is_main:
+                log.info("%s", describe(metrics, done))
+                self.tracker.log_metrics(metrics, step=done)
 
     def _samples(self, done: int) -> None:
         if not self.s.env.is_main:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from gpt2.config.tree import Config
 from gpt2.data.epoch import with_resolved_steps
+from gpt2.eval.core.fetch import for_training
 from gpt2.ladder.rungs import stop_if_left
 from gpt2.process.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.train.attempts import Attempt, settle
@@ -115,6 +116,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
     with distributed(rt.device, rt.collective_timeout_s, STARTUP_TIMEOUT_S + rt.lease_wait_s) as env, \
             guard.installed():
         config = resolve_init(config, env)  # train.init_from's weights in the root, their sha256 in the name
+        for_training(config, fetching=False)  # eval.core_every's bundle in the root, or refused before step 1
         with clock.part("lease"):
             lease = take_lease(config, env, (tags or {}).get("prefect.flow_run_id"))
             stop_if_left(config, lease, (tags or {}).get("prefect.flow_run_id"))  # gpt2.ladder: a rung left

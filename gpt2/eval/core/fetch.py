@@ -17,10 +17,13 @@ import hashlib
 import io
 import posixpath
 import zipfile
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from gpt2.eval.core.bundle import CONFIG, CoreBundleError, CoreTask, parse_tasks, read_bundle
 from gpt2.root import layout, storage
+
+if TYPE_CHECKING:
+    from gpt2.config.tree import Config
 
 RECORD = "bundle.json"
 DEFAULT_BUNDLE = "https://karpathy-public.s3.us-west-2.amazonaws.com/eval_bundle.zip"
@@ -70,12 +73,19 @@ def _source_files(source: str) -> tuple[dict[str, bytes], str]:
     return files, hashlib.sha256(data).hexdigest()
 
 
+def fetched(root_url: str, source: str) -> dict | None:
+    """The record of `source`'s copy under the root; None when it was never fetched (the source is not read)."""
+    directory = layout.core_bundle_dir(root_url, source)
+    record = storage.read_record(storage.join(directory, RECORD))
+    return None if record is None else {**record, "dir": directory}
+
+
 def fetch(root_url: str, source: str) -> dict:
     """The record of `source`'s copy under the root, written (source read once) if there is none."""
     directory = layout.core_bundle_dir(root_url, source)
-    record = storage.read_record(storage.join(directory, RECORD))
+    record = fetched(root_url, source)
     if record is not None:
-        return {**record, "dir": directory}
+        return record
     files, digest = _source_files(source)
     for rel, data in sorted(files.items()):
         storage.write_bytes_atomic(storage.join(directory, rel), data)
@@ -103,3 +113,20 @@ def fetched_tasks(record: dict) -> tuple[CoreTask, ...]:
     """The tasks of a fetched bundle (read from its checked copy)."""
     return parse_tasks(read_file(record, CONFIG).decode("utf-8"),
                        read_file(record, "eval_meta_data.csv").decode("utf-8"), record["source"])
+
+
+def for_training(config: Config, fetching: bool = True) -> dict | None:
+    """The bundle eval.core_every scores in the training loop (None: it scores none). The launcher and
+    the pipeline's parent fetch it into the root before any rank starts (`fetching`); a training
+    process only reads the root's copy (`fetching=False`), never the source, so a bundle not fetched
+    yet is refused there in one line, before the first step."""
+    cfg = config.eval
+    if not cfg.core_every:
+        return None
+    root = layout.root(config)
+    record = fetch(root, cfg.core_bundle) if fetching else fetched(root, cfg.core_bundle)
+    if record is None:
+        raise CoreBundleError(f"eval.core_every={cfg.core_every}: CORE bundle {cfg.core_bundle} is not in the root "
+                              f"yet ({layout.core_bundle_dir(root, cfg.core_bundle)}); start training with gpt2 train "
+                              "or gpt2 run, which fetch it first, or set eval.core_every=0")
+    return record

@@ -104,13 +104,15 @@ def crop(rows: list[list[int]], starts: list[int], max_len: int, where: str) -> 
 
 
 def examples(task: CoreTask, items: Sequence[dict[str, Any]], enc: tiktoken.Encoding, max_len: int,
-             bundle: str = "") -> list[Example]:
-    """Every item of `items` (already subsampled) as an Example."""
+             bundle: str = "", only: Sequence[int] | None = None) -> list[Example]:
+    """Every item of `items` (already subsampled) as an Example; `only`: those at these indices (a
+    rank's share), each with the few-shot draws it gets among all of `items`."""
     if task.num_fewshot >= len(items):
         raise CoreBundleError(f"CORE bundle {bundle}, task {task.label}: {task.num_fewshot}-shot needs more than "
                               f"the {len(items)} items scored; raise eval.max_per_task")
     out = []
-    for i, item in enumerate(items):
+    for i in range(len(items)) if only is None else only:
+        item = items[i]
         rows, starts = tokenize(task, render(task, item, fewshot(items, i, task.num_fewshot)), enc)
         rows, starts = crop(rows, starts, max_len, f"CORE bundle {bundle}, task {task.label}, item {i}")
         out.append(Example(rows, starts, item.get("gold") if task.kind != "language_modeling" else None))
