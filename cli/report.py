@@ -1,7 +1,9 @@
 """`gpt2 report`: one PNG comparing training runs from MLflow, validation loss
 and HellaSwag acc_norm (± one standard error) against tokens trained, with the
 published GPT-2 124M numbers as reference lines; scores on the built-in format
-sample (smoke's) on a panel of their own, without GPT-2's benchmark line.
+sample (smoke's) on a panel of their own, without GPT-2's benchmark line; CORE,
+where a run scored it (eval.core_every, eval.tasks=core), against GPT-2's
+published CORE for the run's model size (nanochat dev/LEADERBOARD.md).
 
     gpt2 report                                          # the experiment's 5 newest training runs
     gpt2 report --runs smoke-1a2b3c4d5e6f,4f1e0c… --out compare.png --json
@@ -37,7 +39,7 @@ def report(
     root: Optional[str] = RootOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Validation loss and HellaSwag of MLflow runs against tokens, in one PNG."""
+    """Validation loss, HellaSwag and CORE (where scored) of MLflow runs against tokens, in one PNG."""
     from gpt2.errors import UserError
     from gpt2.tracking.store import default_tracking_uri
     from tasks.runs_report import make_report

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpt2.errors import UserError
-from gpt2.report.comparison import HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves, figure_data
+from gpt2.report.comparison import (CORE_SCORE, CORE_STDERR, HELLASWAG, PANELS, SPIKE_EVENTS, FigureData, RunCurves,
+                                    figure_data)
 from gpt2.report.figure import draw_figure
-from gpt2.report.reference_lines import HELLASWAG_ITEMS, dataset_of
+from gpt2.report.reference_lines import HELLASWAG_ITEMS, dataset_of, gpt2_size
 from gpt2.root import layout
 from gpt2.secrets import redact
 from gpt2.tracking.tracker import Tracker
@@ -35,6 +36,8 @@ TOKENS_PARAM, ROOT_PARAM = "train.total_batch_tokens", "runtime.root"  # the con
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 _NEWEST_FIRST = ["attributes.start_time DESC"]
 HELLASWAG_STDERR = "hellaswag/acc_norm_stderr"  # logged by the evaluate stage beside HELLASWAG
+EVALUATED = ((HELLASWAG, HELLASWAG_STDERR), (CORE_SCORE, CORE_STDERR))
+"""What is read of the evaluate runs of a training run's checkpoints: each score and its standard error."""
 # gpt2.eval.hellaswag.items' HUB_SOURCES and FORMAT_SAMPLE (a test keeps them equal): importing that
 # package imports torch, seconds this command does not need.
 HUB_SOURCES, FORMAT_SAMPLE = ("Rowan/hellaswag", "hf://datasets/Rowan/hellaswag"), "builtin:format-sample"
@@ -115,17 +118,27 @@ def _by_name(client: Any, exp_id: str, name: str) -> Any | None:
 
 
 def read_curves(client: Any, run: Any) -> RunCurves:
-    """What the figure needs of one run: tokens per step, the panels' metric
-    histories, and lm-eval's scores from the evaluate runs of its checkpoints."""
+    """What the figure needs of one run: tokens per step, the panels' metric histories (CORE's
+    where it scored CORE in the loop), and the scores of the evaluate runs of its checkpoints."""
     params, per_step = run.data.params, run.data.params.get(TOKENS_PARAM)
-    series = {p.metric: _history(client, run.info.run_id, p.metric) for p in PANELS if p.metric in run.data.metrics}
-    evaluated = _evaluated(client, run) if per_step else {}
+    metrics = [*(p.metric for p in PANELS), CORE_SCORE, CORE_STDERR]
+    series = {m: _history(client, run.info.run_id, m) for m in metrics if m in run.data.metrics}
+    scored, cut = (_evaluated(client, run) if per_step else {}).get, params.get("eval.max_per_task", "None")
     return RunCurves(run.info.run_id, run.info.run_name, int(per_step) if per_step and per_step.isdigit() else None,
-                     series, [(step, value) for step, (value, _) in evaluated.items()], run.data.tags.get("stage"),
+                     series, _points(scored(HELLASWAG)), run.data.tags.get("stage"),
                      _hellaswag_note(params), _spike_events(client, run), dataset_of(params),
                      hellaswag_sample=params.get("eval.hellaswag_source", "").startswith("builtin:"),
-                     hellaswag_items=hellaswag_items(params),
-                     evaluated_stderr={step: err for step, (_, err) in evaluated.items() if err is not None})
+                     hellaswag_items=hellaswag_items(params), evaluated_stderr=_errors(scored(HELLASWAG)),
+                     core_evaluated=_points(scored(CORE_SCORE)), core_evaluated_stderr=_errors(scored(CORE_SCORE)),
+                     size=gpt2_size(params), core_note=f"≤{cut} items per task" if cut.isdigit() else None)
+
+
+def _points(scores: dict[int, tuple[float, float | None]] | None) -> list[tuple[int, float]]:
+    return [(step, value) for step, (value, _) in (scores or {}).items()]
+
+
+def _errors(scores: dict[int, tuple[float, float | None]] | None) -> dict[int, float]:
+    return {step: err for step, (_, err) in (scores or {}).items() if err is not None}
 
 
 def _spike_events(client: Any, run: Any) -> dict[str, list[int]]:
@@ -183,25 +196,26 @@ def _history(client: Any, run_id: str, metric: str) -> list[tuple[int, float]]:
     return [(step, latest[step].value) for step in sorted(latest)]
 
 
-def _evaluated(client: Any, run: Any) -> dict[int, tuple[float, float | None]]:
-    """lm-eval's acc_norm and its standard error (None where not logged) per
-    evaluated step of this training run, steps ascending (the newest evaluate
-    run per step). An evaluate run names its checkpoint (tag
+def _evaluated(client: Any, run: Any) -> dict[str, dict[int, tuple[float, float | None]]]:
+    """Per score of EVALUATED (lm-eval's HellaSwag acc_norm, CORE): its value and standard error
+    (None where not logged) per evaluated step of this training run, steps ascending (the newest
+    evaluate run per step that has it). An evaluate run names its checkpoint (tag
     `checkpoint`, …/runs/<run>/checkpoints/step_N): it must lie in this run's
     directory under this run's root, not merely under a run of the same name."""
     name, root = run.info.run_name, run.data.params.get(ROOT_PARAM)
     if "'" in name:  # not a name this pipeline gives; the filter below could not hold it
-        return []
+        return {}
     found = client.search_runs([run.info.experiment_id],
                                f"tags.stage = 'evaluate' and attributes.run_name LIKE 'eval-{name}-%'",
                                order_by=_NEWEST_FIRST)
-    scores: dict[int, tuple[float, float | None]] = {}
+    scores: dict[str, dict[int, tuple[float, float | None]]] = {metric: {} for metric, _ in EVALUATED}
     for ev in found:
-        checkpoint, step = ev.data.tags.get("checkpoint", ""), ev.data.tags.get("step", "")
+        checkpoint, step, logged = ev.data.tags.get("checkpoint", ""), ev.data.tags.get("step", ""), ev.data.metrics
         run_dir = posixpath.dirname(posixpath.dirname(checkpoint.rstrip("/")))
-        if HELLASWAG in ev.data.metrics and step.isdigit() and _is_run_dir(run_dir, root, name):
-            scores.setdefault(int(step), (ev.data.metrics[HELLASWAG], ev.data.metrics.get(HELLASWAG_STDERR)))
-    return dict(sorted(scores.items()))
+        if step.isdigit() and _is_run_dir(run_dir, root, name):
+            for metric, err in ((m, e) for m, e in EVALUATED if m in logged):
+                scores[metric].setdefault(int(step), (logged[metric], logged.get(err)))
+    return {metric: dict(sorted(by_step.items())) for metric, by_step in scores.items()}
 
 
 def _is_run_dir(url: str, root: str | None, name: str) -> bool:

@@ -1,7 +1,9 @@
 """The figure that compares training runs (`gpt2 report`): validation loss and
 HellaSwag acc_norm against tokens trained, a line per run, with published
 GPT-2 124M numbers as horizontal reference lines: those published on the data
-the runs trained on (gpt2.report.reference_lines). The loss panel marks each
+the runs trained on (gpt2.report.reference_lines). Runs that scored CORE (in the
+loop, eval.core_every, or by the evaluate stage) get a CORE panel, against
+GPT-2's published CORE for their model's size. The loss panel marks each
 run's loss spikes that changed what it trained (gpt2.train.spikes): a dotted
 vertical line where it rolled back, a cross on the axis where it skipped an
 update. HellaSwag scores carry their standard error; a score on the built-in
@@ -26,7 +28,7 @@ from typing import Sequence
 from gpt2.errors import UserError
 from gpt2.report.reference_lines import REFERENCES, Reference, references_for
 
-# The metric names the trainer logs (gpt2.train.loop, gpt2.train.hellaswag_in_loop)
+# The metric names the trainer logs (gpt2.train.loop, gpt2.train.in_loop)
 # and the evaluate stage logs for its lm-eval score (tasks.evaluate), at the step trained.
 VAL_LOSS, HELLASWAG = "val/loss", "hellaswag/acc_norm"
 SPIKE_EVENTS = {"spikes/skipped": "skipped", "spikes/rollback": "rollbacks", "spikes/warned": "warned"}
@@ -49,6 +51,9 @@ PANELS = (Panel("val_loss", VAL_LOSS, "validation loss", percent=False),
 """The panels by metric: what is read of each run, and what a run lacking it is skipped on."""
 SAMPLE = Panel("hellaswag_sample", HELLASWAG, "HellaSwag acc_norm: built-in format sample", percent=True)
 """Where scores on the built-in format sample go: apart from the benchmark and its GPT-2 line."""
+CORE_SCORE, CORE_STDERR = "core/score", "core/stderr"  # in the loop (eval.core_every) and by the evaluate stage
+CORE = Panel("core", CORE_SCORE, "CORE (DCLM's 22 tasks, centered accuracy)", percent=False)
+"""Drawn when a run has CORE: an opt-in score, so a run without it is not listed as skipped on it."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,14 @@ class RunCurves:
     """Items its in-loop HellaSwag scores, where known: gives each point's standard error."""
     evaluated_stderr: dict[int, float] = field(default_factory=dict)
     """lm-eval's acc_norm_stderr of each evaluated step (as `evaluated`)."""
+    core_evaluated: list[tuple[int, float]] = field(default_factory=list)
+    """The evaluate stage's CORE of the run's evaluated checkpoints: [(step, score)]; its in-loop
+    CORE (and core/stderr) are in `series`."""
+    core_evaluated_stderr: dict[int, float] = field(default_factory=dict)
+    size: str | None = None
+    """The GPT-2 size its model is set beside on CORE (gpt2.report.reference_lines.gpt2_size)."""
+    core_note: str | None = None
+    """Set when its in-loop CORE scores a cut of each task (eval.max_per_task): shown in the legend."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +152,8 @@ class FigureData:
         score is on the format sample), the format sample's (when a run has one)."""
         sample = any(x.panel == SAMPLE.key for x in self.lines)
         benchmark = any(x.panel == PANELS[1].key for x in self.lines) or not sample
-        return [PANELS[0], *([PANELS[1]] if benchmark else []), *([SAMPLE] if sample else [])]
+        shown = [PANELS[0], *([PANELS[1]] if benchmark else []), *([SAMPLE] if sample else [])]
+        return shown + ([CORE] if any(x.panel == CORE.key for x in self.lines) else [])
 
 
 class NothingToDraw(UserError):
@@ -168,6 +182,7 @@ def figure_data(runs: Sequence[RunCurves]) -> FigureData:
                 skipped.append(Skip(run.run_id, run.name, panel.key, f"no {panel.metric} metric"
                                     + _MISSING_HINTS[panel.key]))
             lines += found
+        lines += _core_lines(run, labels[run.run_id])
     if not lines:
         reasons = "; ".join(s.describe() for s in skipped) or "no runs given"
         raise NothingToDraw(f"nothing to draw: none of the runs has {VAL_LOSS} or {HELLASWAG} metrics ({reasons}). "
@@ -176,8 +191,10 @@ def figure_data(runs: Sequence[RunCurves]) -> FigureData:
     drawn = {line.run_id for line in lines}
     data = FigureData(tuple(lines), tuple(skipped), marks=tuple(marks), spikes=spikes)
     benchmark = PANELS[1] in data.panels()
-    return FigureData(tuple(lines), tuple(skipped), references_for((r.dataset for r in runs if r.run_id in drawn),
-                                                                   hellaswag=benchmark), tuple(marks), spikes)
+    scored = {x.run_id for x in lines if x.panel == CORE.key}
+    references = references_for((r.dataset for r in runs if r.run_id in drawn), hellaswag=benchmark,
+                                core_sizes=(r.size or "124M" for r in runs if r.run_id in scored))
+    return FigureData(tuple(lines), tuple(skipped), references, tuple(marks), spikes)
 
 
 _MISSING_HINTS = {
@@ -211,6 +228,24 @@ def _panel_lines(run: RunCurves, panel: Panel, label: str) -> list[Line]:
         found.append(Line(key, run.run_id, run.name, f"{label} (lm-eval)", "evaluate",
                           tuple(step * per_step for step, _ in run.evaluated), tuple(v for _, v in run.evaluated),
                           tuple(run.evaluated_stderr[step] for step, _ in run.evaluated) if known else ()))
+    return found
+
+
+def _core_lines(run: RunCurves, label: str) -> list[Line]:
+    """The run's in-loop CORE (with core/stderr where logged at each step) and the evaluate stage's."""
+    per_step, found = run.tokens_per_step or 0, []
+    points, errors = run.series.get(CORE_SCORE) or [], dict(run.series.get(CORE_STDERR) or [])
+    if points:
+        known = all(step in errors for step, _ in points)
+        found.append(Line(CORE.key, run.run_id, run.name, f"{label} [{run.core_note}]" if run.core_note else label,
+                          "train", tuple(step * per_step for step, _ in points), tuple(v for _, v in points),
+                          tuple(errors[step] for step, _ in points) if known else ()))
+    if run.core_evaluated:
+        known = all(step in run.core_evaluated_stderr for step, _ in run.core_evaluated)
+        found.append(Line(CORE.key, run.run_id, run.name, f"{label} (evaluate)", "evaluate",
+                          tuple(step * per_step for step, _ in run.core_evaluated),
+                          tuple(v for _, v in run.core_evaluated),
+                          tuple(run.core_evaluated_stderr[s] for s, _ in run.core_evaluated) if known else ()))
     return found
 
 

@@ -1,8 +1,9 @@
 """Drawing the runs-comparison figure (gpt2.report.comparison says what is drawn):
 one panel per entry of `FigureData.panels()`, a line per run, reference lines
 that name the data they were measured on, HellaSwag with error bars of one
-standard error and an axis from chance (25%) to above GPT-2's figure, and each
-panel's legend below it, where it can cover no data.
+standard error and an axis from chance (25%) to above GPT-2's figure (CORE's
+from chance, 0, to above GPT-2's CORE), and each panel's legend below it, where
+it can cover no data.
 
     draw_figure(figure_data(runs), Path("report.png"), caption="experiment gpt2 at …")
 """
@@ -13,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from gpt2.report.comparison import HELLASWAG, SAMPLE, VAL_LOSS, FigureData, Line, Panel, tokens_label
+from gpt2.report.comparison import CORE, HELLASWAG, SAMPLE, VAL_LOSS, FigureData, Line, Panel, tokens_label
 from gpt2.report.reference_lines import CHANCE, Reference
 
 CHANCE_LABEL = f"chance: {CHANCE:.0%} (one of 4 endings)"
+CORE_CHANCE_LABEL = "chance: 0 (each task centered on its random baseline)"
 SAMPLE_WHY = ("a few items written to check the scorer, not the benchmark:\n"
               "no GPT-2 line, since its figure is measured on the benchmark")
 _SPIKE_LABELS = {"rollbacks": "rollback (loss spike)", "skipped": "skipped update (loss spike)"}
@@ -34,6 +36,18 @@ def hellaswag_limits(lines: Sequence[Line], references: Sequence[Reference]) -> 
     low, high = max(min(lows), 0.0), min(max(highs), 1.0)
     margin = max(0.08 * (high - low), 0.01)
     return max(low - margin, 0.0), min(high + margin, 1.0)
+
+
+def core_limits(lines: Sequence[Line], references: Sequence[Reference]) -> tuple[float, float]:
+    """A CORE axis from chance (0: every task is centered on its random baseline) or the lowest
+    error bar below it, to above GPT-2's figure and every error bar, with a margin."""
+    lows, highs = [0.0], [0.0, *(r.value for r in references)]
+    for line in lines:
+        errors = line.errors or (0.0,) * len(line.values)
+        lows += [v - e for v, e in zip(line.values, errors)]
+        highs += [v + e for v, e in zip(line.values, errors)]
+    margin = max(0.08 * (max(highs) - min(lows)), 0.01)
+    return min(lows) - margin, max(highs) + margin
 
 
 def _draw_line(ax, line: Line, color: str) -> None:
@@ -91,6 +105,10 @@ def _draw_panel(ax, panel: Panel, data: FigureData, colors: dict[str, str]) -> N
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         if any(x.errors for x in lines):
             ax.set_ylabel("acc_norm (bars, bands: ±1 standard error)")
+    if panel.key == CORE.key:
+        ax.axhline(0.0, color="gray", linestyle=":", linewidth=1, label=CORE_CHANCE_LABEL)
+        ax.set_ylim(*core_limits(lines, references))
+        ax.set_ylabel("CORE" + (" (bars, bands: ±1 standard error)" if any(x.errors for x in lines) else ""))
     ax.grid(alpha=0.3)
     # Below the axes (under the tick labels and the axis label), never over the data.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=3.9, fontsize="small", frameon=False)
@@ -129,7 +147,8 @@ def _legend_sizes(data: FigureData, panels: Sequence[Panel]) -> list[list[str]]:
     for panel in panels:
         entries = [x.label for x in data.lines if x.panel == panel.key]
         entries += [r.label for r in data.references if r.panel == panel.key]
-        entries += [CHANCE_LABEL] if panel.metric == HELLASWAG else list({m.kind for m in data.marks})
+        chance = {HELLASWAG: [CHANCE_LABEL], CORE.metric: [CORE_CHANCE_LABEL]}
+        entries += chance.get(panel.metric, list({m.kind for m in data.marks}))
         sizes.append(entries)
     return sizes
 

@@ -1,5 +1,6 @@
 """The published GPT-2 124M figures the runs report draws as reference lines,
-chosen by the data each run trained on (`gpt2 report`, the pipeline's picture).
+chosen by the data each run trained on (`gpt2 report`, the pipeline's picture),
+and GPT-2's published CORE for the size of each run's model.
 
 A validation loss is only comparable on the same data, so each dataset brings
 the figures published on it: FineWeb runs llm.c's, OpenWebText runs nanoGPT's;
@@ -12,6 +13,7 @@ it was measured on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -55,6 +57,20 @@ OpenWebText train.bin; the same documents with one <|endoftext|> each (before
 rather than after) are the same count here. `gpt2 plan` assumes it for an epoch
 before the data stage has run (17,234 steps of 524,288 tokens)."""
 
+# OpenAI's released GPT-2 scored on CORE (DCLM's 22 in-context tasks, each centered on its random
+# baseline, as nanochat computes it): nanochat's dev/LEADERBOARD.md, by size. gpt2.eval.core holds
+# the numbers; importing that package (no torch at its root) keeps them in one place.
+GPT2_SHAPES = {"124M": (12, 768), "355M": (24, 1024), "774M": (36, 1280), "1.5B": (48, 1600)}
+"""Each GPT-2 size's (n_layer, n_embd): the model a run's CORE is set beside."""
+CORE_SOURCE = "CORE, 22 tasks; nanochat dev/LEADERBOARD.md"
+
+
+def core_reference(size: str) -> Reference:
+    from gpt2.eval.core import GPT2_CORE
+
+    return Reference("core", GPT2_CORE[size], f"OpenAI GPT-2 {size}: {GPT2_CORE[size]:.4f} ({CORE_SOURCE})")
+
+
 REFERENCES = (*LOSS_REFERENCES["fineweb"], HELLASWAG_GPT2)
 """What a FineWeb run is drawn against."""
 
@@ -71,9 +87,27 @@ def dataset_of(params: dict[str, str]) -> str | None:
     return None
 
 
-def references_for(datasets: Iterable[str | None], hellaswag: bool = True) -> tuple[Reference, ...]:
+def gpt2_size(params: dict[str, str]) -> str | None:
+    """The GPT-2 size a run's model is set beside on CORE, from its logged params (model.n_layer,
+    model.n_embd): the size of its shape, else the nearest by the weights of its blocks (12·L·d²;
+    a model smaller than 124M, as smoke's, is set beside 124M); None without those params."""
+    try:
+        layers, width = int(params["model.n_layer"]), int(params["model.n_embd"])
+    except (KeyError, ValueError):
+        return None
+    def distance(size: str) -> tuple[bool, float]:
+        n_layer, n_embd = GPT2_SHAPES[size]
+        return (n_layer, n_embd) != (layers, width), abs(math.log(n_layer * n_embd ** 2 / (layers * width ** 2)))
+
+    return min(GPT2_SHAPES, key=distance)
+
+
+def references_for(datasets: Iterable[str | None], hellaswag: bool = True,
+                   core_sizes: Iterable[str] = ()) -> tuple[Reference, ...]:
     """The lines for runs on these datasets: each dataset's loss figures once,
     in the order the runs come, then HellaSwag's unless `hellaswag` is False
-    (the figure has no panel of the benchmark: its runs scored the format sample)."""
+    (the figure has no panel of the benchmark: its runs scored the format sample),
+    then GPT-2's CORE for each size of the runs drawn on the CORE panel."""
     lines = [ref for name in dict.fromkeys(datasets) if name for ref in LOSS_REFERENCES.get(name, ())]
-    return (*lines, HELLASWAG_GPT2) if hellaswag else tuple(lines)
+    core = [core_reference(size) for size in dict.fromkeys(core_sizes)]
+    return (*lines, *([HELLASWAG_GPT2] if hellaswag else []), *core)

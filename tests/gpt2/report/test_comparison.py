@@ -150,3 +150,31 @@ def test_the_hellaswag_axis_spans_chance_to_above_the_reference_and_every_error_
     low, high = hellaswag_limits([below_chance], [HELLASWAG_GPT2])
     assert low < 0.2 and high > HELLASWAG_GPT2.value
     assert hellaswag_limits([], [])[0] < 0.25 < hellaswag_limits([], [])[1]
+
+
+@pytest.mark.parametrize("preset, size", [("gpt2-124m", "124M"), ("gpt2-350m", "355M"), ("gpt2-774m", "774M"),
+                                          ("gpt2-1558m", "1.5B"), ("smoke", "124M")])
+def test_a_runs_gpt2_size_for_core_is_read_from_its_logged_params(preset, size):
+    from gpt2.config.overrides import resolve_config
+    from gpt2.eval.core import GPT2_CORE
+    from gpt2.report.reference_lines import core_reference, gpt2_size
+    from gpt2.tracking.tracker import flatten
+
+    params = {k: str(v) for k, v in flatten(resolve_config(preset, {}).model_dump(mode="json")).items()}
+    assert gpt2_size(params) == size and core_reference(size).value == GPT2_CORE[size]
+    assert gpt2_size({}) is None
+
+
+def test_core_gets_a_panel_only_where_a_run_has_it_with_gpt2s_line_for_its_size():
+    scored = RunCurves("m" * 32, "smoke-mmm", 256, {"val/loss": [(4, 9.0)], "core/score": [(4, 0.02), (8, 0.05)]},
+                       core_evaluated=[(8, 0.06)], stage="train", size="355M", core_note="≤500 items per task")
+    data = figure_data([A, scored])
+    assert [p.key for p in data.panels()] == ["val_loss", "hellaswag", "core"]
+    line = data.line("core", scored.run_id)
+    assert (line.tokens, line.values, line.errors, line.label) == ((1024, 2048), (0.02, 0.05), (),
+                                                                   "smoke-mmm [≤500 items per task]")
+    assert data.line("core", scored.run_id, source="evaluate").values == (0.06,)
+    assert [(r.panel, r.value) for r in data.references] == [("hellaswag", 0.311), ("core", 0.1849)]
+    # A has no CORE: not skipped on it (only the CORE run is, on HellaSwag, which it lacks).
+    assert [(s.run_id, s.panel) for s in data.skipped] == [(scored.run_id, "hellaswag")]
+    assert [p.key for p in figure_data([A, B]).panels()] == ["val_loss", "hellaswag"]
