@@ -48,10 +48,14 @@ def sweep(
     if not (grid or runs_file):
         fail("a sweep needs members: give --grid key=v1,v2,... (repeatable) or --runs FILE", code=2)
     own, members = load_members(preset, sets, grid, runs_file, root)
+    from cli.common import check_root
     from cli.stages import check_run
 
     for m in members:
         check_run(m.config)
+    unwritable = check_root(members[0].config)
+    if unwritable:  # `gpt2 run` answers finished work from such a root; a sweep also writes its own record
+        fail(f"{unwritable}: a sweep writes its record and its members' runs there; pass a writable --root")
     _, result = run_flow("flows.sweep:sweep_flow", preset, sets, root, verbose=verbose, members=own)
     from gpt2.sweep.table import describe
 
