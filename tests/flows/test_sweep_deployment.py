@@ -1,5 +1,6 @@
 """A sweep started as a user starts one on the stack (`prefect deployment run gpt2/sweep` with a
-grid): the data stage prepared once, each member a `gpt2/full-pipeline` run with every stage on
+grid), its own process SIGKILLed once its first member runs and rescheduled by the automation: the
+data stage prepared once, no member started twice, each member a `gpt2/full-pipeline` run with every stage on
 its pool, the GPU pool's one slot respected (no two members' training attempts overlap, from their
 attempt records), the table published, a member bit for bit the run `gpt2 run` makes alone.
 On the pytest worker's shared stack (tests/flows/conftest.py)."""
@@ -7,15 +8,25 @@ On the pytest worker's shared stack (tests/flows/conftest.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.cli.stack.fixtures import clean_env
-from tests.flows.pipeline_stack import assert_completed, client, overrides, wait_final
+from tests.flows.pipeline_stack import (
+    PIPELINE_TIMEOUT_S,
+    assert_completed,
+    client,
+    flow_run_process,
+    overrides,
+    wait_settled,
+)
 from tests.flows.test_sweep import _gpt2, _weights
 from tests.tiers import STACK_B
 
@@ -42,7 +53,7 @@ def _children(stack, deployment: str, key_prefix: str) -> list:
                 and (r.idempotency_key or "").startswith(key_prefix)]
 
 
-def test_a_sweep_deployment_runs_its_members_on_the_pools_one_gpu_slot_at_a_time(stack, tmp_path):
+def test_a_sweep_deployment_killed_and_rescheduled_runs_each_member_once_one_gpu_slot_at_a_time(stack, tmp_path):
     from flows.stages import results_url
     from gpt2.config.overrides import resolve_config
     from gpt2.root import storage
@@ -50,8 +61,16 @@ def test_a_sweep_deployment_runs_its_members_on_the_pools_one_gpu_slot_at_a_time
 
     params = overrides(stack, **{"train.max_steps": 4, "runtime.max_parallel_runs": 2})
     sweep_id = _sweep_run(stack, params, {"train.lr": LRS})
-    sweep = wait_final(stack, sweep_id)
-    assert_completed(stack, sweep, "the sweep")
+    # The sweep's own process SIGKILLed once its first member runs: the reschedule automation starts
+    # it again, and it re-attaches to what it had started (data stage, member) instead of starting twice.
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while not _children(stack, "gpt2/full-pipeline", sweep_id):
+        assert time.monotonic() < deadline, "the sweep never started a member"
+        time.sleep(1)
+    os.kill(flow_run_process(stack, sweep_id, timeout=60).pid, signal.SIGKILL)
+    sweep = wait_settled(stack, sweep_id)
+    assert_completed(stack, sweep, "the sweep after its process was killed")
+    assert sweep.run_count >= 2
     config = resolve_config("smoke", params)
     result = storage.read_json(results_url(config, sweep_id))
     rows = result["members"]
