@@ -67,7 +67,7 @@ def plan(
             config = with_resolved_init(config, fetching=False, required=False)
         result = make_plan(config, gpu, count, price, mfu, list_source, session_hours)
         result["actual"] = actual.compare(config, result, run, actual.price_per_device(config, price, count))
-        if grid or runs_file:  # a sweep: the first member's plan as the keys above, the sweep's under `sweep`
+        if grid or runs_file:  # a sweep: the keys above stay the common settings' plan, the sweep's under `sweep`
             result["sweep"] = _sweep(preset, sets, root, grid, runs_file, config,
                                      lambda c: make_plan(c, gpu, count, price, mfu, list_source, session_hours))
     except UserError as err:

@@ -61,7 +61,7 @@ def sweep(
 
     text = describe(result["members"], result["bill"])
     if result.get("mlflow_url"):
-        text += f"\nMLflow: {result['mlflow_url']}"
+        text += f"\nMLflow: {result['mlflow_url']}\n  its members side by side: {result['mlflow_members_url']}"
     if as_json:
         typer.echo(text, err=True)
     emit(result, as_json, text)

@@ -40,7 +40,7 @@ from gpt2.secrets import redact
 from gpt2.sweep.groups import DataGroup, data_groups
 from gpt2.sweep.members import Member, check_runs, member_sets, resolve_members
 from gpt2.sweep.table import describe, mark_best, member_bill, member_row, sweep_bill
-from gpt2.tracking.experiment import ui_link
+from gpt2.tracking.experiment import children_link, ui_link
 from gpt2.tracking.tracker import Tracker
 from gpt2.train import bill as bills
 
@@ -143,6 +143,34 @@ def report_members(parent: Tracker, experiment: str, rows: list[dict]) -> None:
         get_run_logger().warning("sweep report not drawn: %s", _one_line(err))
 
 
+def run_data_groups(groups: list[DataGroup], preset: str, overrides: dict[str, Any],
+                    parent_run_id: str | None) -> tuple[list[dict], dict[int, str]]:
+    """Each group's data stage, once: what each did, and the members whose data failed (with why)."""
+    data, failed = [], {}
+    for group in groups:
+        entry = {"manifest": group.manifest, "members": [m.index for m in group.members]}
+        try:
+            entry["cached"] = bool(run_data(group, preset, overrides, parent_run_id).get("cached"))
+        except Exception as err:  # noqa: BLE001 - its members fail, the other groups' go on
+            entry["error"] = _one_line(err)
+            failed.update({m.index: f"data stage: {entry['error']}" for m in group.members})
+        data.append(entry)
+    return data, failed
+
+
+def track_outcome(parent: Tracker, rows: list[dict]) -> dict[str, Any]:
+    """The best member marked, the bill added up, both on the sweep's run; the summary without `data`."""
+    best, total = mark_best(rows), sweep_bill(rows)
+    if best is not None:
+        parent.log_metrics({"best/final_val_loss": best["final_val_loss"], "best/member": best["member"]}, step=0)
+    parent.log_metrics(bills.metrics(total, ("device_hours", "cost")), step=0)
+    linked = parent.enabled
+    return {"members": rows, "best": best["member"] if best else None, "bill": total,
+            "failed": [r["member"] for r in rows if r["state"] == "failed"], "mlflow_run_id": parent.run_id,
+            "mlflow_url": ui_link(parent.uri, parent.experiment_id, parent.run_id) if linked else None,
+            "mlflow_members_url": children_link(parent.uri, parent.experiment_id, parent.run_id) if linked else None}
+
+
 # Named `gpt2` as the pipeline is: its deployment is `gpt2/sweep` beside `gpt2/full-pipeline`.
 @flow(name="gpt2", log_prints=False)
 def sweep_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None,
@@ -159,33 +187,17 @@ def sweep_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None,
     with parent_tracker(config, preset, kind="sweep") as parent:
         parent.log_params({"sweep.members": len(crew), "sweep.keys": sorted({k for s in sets for k in s}),
                            **{f"sweep.member_{m.index}": m.label for m in crew}})
-        failed_data: dict[int, str] = {}
-        data = []
-        for group in groups:
-            try:
-                data.append({"manifest": group.manifest, "members": [m.index for m in group.members],
-                             "cached": bool(run_data(group, preset, overrides, parent.run_id).get("cached"))})
-            except Exception as err:  # noqa: BLE001 - its members fail, the other groups' go on
-                failed_data.update({m.index: f"data stage: {_one_line(err)}" for m in group.members})
-                data.append({"manifest": group.manifest, "members": [m.index for m in group.members],
-                             "error": _one_line(err)})
+        data, failed_data = run_data_groups(groups, preset, overrides, parent.run_id)
         run_one = run_member_deployed if deployment.id else run_member_here
         outcomes = run_members(crew, failed_data, parallelism(crew),
                                lambda m: run_one(m, preset, overrides, parent.run_id))
         rows = [member_row(m, result, error, member_bill(m)) for m, (result, error) in zip(crew, outcomes)]
-        best = mark_best(rows)
-        total = sweep_bill(rows)
-        if best is not None:
-            parent.log_metrics({"best/final_val_loss": best["final_val_loss"], "best/member": best["member"]}, step=0)
-        parent.log_metrics(bills.metrics(total, ("device_hours", "cost")), step=0)
-        summary = {"members": rows, "best": best["member"] if best else None, "bill": total, "data": data,
-                   "failed": [r["member"] for r in rows if r["state"] == "failed"],
-                   "mlflow_run_id": parent.run_id,
-                   "mlflow_url": ui_link(parent.uri, parent.experiment_id, parent.run_id) if parent.enabled else None}
+        summary = track_outcome(parent, rows)
+        summary["data"] = data
         parent.log_dict(summary, "sweep.json")
         report_members(parent, config.tracking.experiment, rows)
     publish_result(config, summary)  # for whoever started the sweep as a deployment
-    text = describe(rows, total)
+    text = describe(rows, summary["bill"])
     logger.info("sweep finished:\n%s", text, extra={SUMMARY_RECORD: True})  # `gpt2 sweep` prints it itself
     create_markdown_artifact(f"```\n{text}\n```", key="sweep-summary", description="Every member of this sweep")
     return summary

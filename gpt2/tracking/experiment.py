@@ -41,3 +41,14 @@ def ui_link(uri: str, experiment_id: str | None, run_id: str | None = None) -> s
     if not base.startswith(("http://", "https://")) or experiment_id is None:
         return base
     return f"{base}/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_MODE_QUERY}"
+
+
+def children_link(uri: str, experiment_id: str | None, parent_run_id: str) -> str:
+    """The runs table filtered to one run's children (a sweep's members), in the training view: the
+    UI's own `searchFilter` parameter, as its "runs by user" links use it."""
+    from urllib.parse import quote
+
+    link = ui_link(uri, experiment_id)
+    if "?" not in link:
+        return link
+    return link + "&searchFilter=" + quote(f"tags.`mlflow.parentRunId` = '{parent_run_id}'", safe="")

@@ -71,6 +71,7 @@ def test_a_sweep_trains_its_members_on_one_data_stage_as_runs_made_alone(tmp_pat
     experiment = client.get_experiment_by_name(resolve_config("smoke").tracking.experiment)
     assert len(client.search_runs([experiment.experiment_id], "tags.stage = 'data'")) == 1
     parent = client.get_run(first["mlflow_run_id"])
+    assert first["mlflow_members_url"].endswith(f"%27{parent.info.run_id}%27")  # the table of its children
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"report.png", "sweep.json"}
     for r in rows:  # each member's pipeline run a child of the sweep's, its override a param
         child = client.get_run(r["mlflow_run_id"])

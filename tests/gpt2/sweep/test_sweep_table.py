@@ -80,3 +80,14 @@ def test_a_core_column_only_when_a_member_was_scored_on_core(members):
 def test_no_best_when_every_member_failed(members):
     rows = [member_row(m, None, "boom", None) for m in members]
     assert mark_best(rows) is None and not any(r["best"] for r in rows)
+
+
+def test_the_members_link_filters_the_runs_table_to_the_sweeps_children():
+    from urllib.parse import unquote
+
+    from gpt2.tracking.experiment import children_link
+
+    link = children_link("http://mlflow:5000", "7", "abc123")
+    assert link.startswith("http://mlflow:5000/#/experiments/7/runs?workflowType=machine_learning&searchFilter=")
+    assert unquote(link.split("searchFilter=")[1]) == "tags.`mlflow.parentRunId` = 'abc123'"
+    assert children_link("file:///x", "7", "abc123") == "file:///x"  # no UI to link to
