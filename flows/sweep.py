@@ -93,16 +93,23 @@ def run_member_deployed(member: Member, preset: str, overrides: dict[str, Any], 
     return _result("pipeline", member.config, run)
 
 
+def train_deployment(config) -> str:
+    """Where members start training: the train deployment, or its first rung's on a ladder of GPU pools."""
+    from gpt2.ladder import rungs
+
+    return rungs.deployment("train", config.runtime.gpu_pools[0].pool) if config.runtime.gpu_pools else TRAIN_DEPLOYMENT
+
+
 def parallelism(members: list[Member]) -> int:
-    """runtime.max_parallel_runs, or the slots of the train deployment and of its work pool
-    where fewer (a member beyond them would only wait for a slot). 1 in this process."""
+    """runtime.max_parallel_runs, or the slots of the deployment members start training on and
+    of its work pool where fewer (a member beyond them would only wait for a slot). 1 in this process."""
     if not deployment.id:
         return 1
     limits = [members[0].config.runtime.max_parallel_runs]
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        train = client.read_deployment_by_name(TRAIN_DEPLOYMENT)
+        train = client.read_deployment_by_name(train_deployment(members[0].config))
         limits += [train.concurrency_limit, client.read_work_pool(train.work_pool_name).concurrency_limit]
     return max(1, min(n for n in limits if n))
 

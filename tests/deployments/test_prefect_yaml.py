@@ -65,6 +65,10 @@ def test_the_sweep_starts_the_deployed_pipeline_and_reads_the_train_deployments_
     from flows import sweep
 
     assert sweep.PIPELINE_DEPLOYMENT in EXPECTED and sweep.TRAIN_DEPLOYMENT in EXPECTED
+    # On a ladder of GPU pools, members start on the first rung: its train deployment's slots count.
+    ladder = resolve_config("smoke", {"runtime.gpu_pools": "gpu-spot:1.1,gpu:3.9"})
+    assert sweep.train_deployment(ladder) == "gpt2-train/train-gpu-spot" in EXPECTED
+    assert sweep.train_deployment(resolve_config("smoke")) == sweep.TRAIN_DEPLOYMENT
 
 
 @pytest.mark.parametrize("name,spec,flow", DEPLOYMENTS, ids=IDS)
