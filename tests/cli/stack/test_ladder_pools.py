@@ -10,10 +10,10 @@ from cli.stack.prefect_setup import LadderPoolsError, stack_deployments, stack_p
 from tests.cli.stack.fixtures import clean_env, gpt2
 
 
-def test_todays_stack_is_the_cpu_and_gpu_pools_and_their_five_deployments():
+def test_todays_stack_is_the_cpu_and_gpu_pools_and_their_six_deployments():
     pools = stack_pools([], [])
     assert pools == {"cpu": True, "gpu": True}
-    assert stack_deployments(pools) == ["full-pipeline", "data", "train", "evaluate", "export"]
+    assert stack_deployments(pools) == ["full-pipeline", "sweep", "data", "train", "evaluate", "export"]
 
 
 def test_a_ladder_adds_its_rungs_in_order_with_their_deployments():
