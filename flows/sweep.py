@@ -32,7 +32,7 @@ from prefect.runtime import deployment, flow_run
 
 from flows.entry import flow_main
 from flows.pipeline import parent_tracker
-from flows.stages import publish_result
+from flows.stages import DEPLOYMENTS, publish_result
 from flows.summary import SUMMARY_RECORD
 from gpt2.config.overrides import resolve_config
 from gpt2.process import signals
@@ -45,7 +45,7 @@ from gpt2.tracking.tracker import Tracker
 from gpt2.train import bill as bills
 
 PIPELINE_DEPLOYMENT = "gpt2/full-pipeline"
-TRAIN_DEPLOYMENT = "gpt2-train/train"
+TRAIN_DEPLOYMENT = DEPLOYMENTS["train"]
 
 
 def _one_line(err: BaseException) -> str:
