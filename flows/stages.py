@@ -201,13 +201,20 @@ def run_stage_deployment(stage: str, config: Config, parameters: dict[str, Any],
     child = run_deployment(DEPLOYMENTS[stage], parameters=parameters, timeout=0,
                            idempotency_key=f"{parent_key}:{stage}", as_subflow=True)
     get_run_logger().info("stage %s: flow run %s on deployment %s", stage, child.name, DEPLOYMENTS[stage])
+    return completed_result(stage, config, child, f"stage {stage} (flow run {child.name})", grace_s, tick)
+
+
+def completed_result(stage: str, config: Config, child: FlowRun, what: str, grace_s: float = RESCHEDULE_GRACE_S,
+                     tick: Callable[..., None] | None = None) -> dict[str, Any]:
+    """The published result of a started child run once it has settled Completed; StageFailed
+    saying how it ended otherwise (`what` names the run in that message)."""
     run = _settled(child.id, grace_s, config.runtime.stage_start_timeout_s, tick)
     if tick is not None:
         tick(final=True)  # where training got to, said once it ended (a short run ends between two lines)
     if run.state is None or run.state.type != StateType.COMPLETED:
         state = run.state.name if run.state else "unknown"
         message = run.state.message if run.state else ""
-        raise StageFailed(f"stage {stage} (flow run {run.name}) ended {state}: {message}")
+        raise StageFailed(f"{what} ended {state}: {message}")
     return _result(stage, config, run)
 
 

@@ -76,21 +76,16 @@ def run_member_here(member: Member, preset: str, overrides: dict[str, Any], pare
 def run_member_deployed(member: Member, preset: str, overrides: dict[str, Any], parent_run_id: str | None) -> dict:
     """The member as a `gpt2/full-pipeline` run, keyed by the sweep's flow run and the member's
     run, so a restarted sweep re-attaches to it instead of starting it twice."""
-    from prefect.client.schemas.objects import StateType
     from prefect.deployments import run_deployment
 
-    from flows.stages import RESCHEDULE_GRACE_S, StageFailed, _result, _settled, stage_overrides
+    from flows.stages import completed_result, stage_overrides
 
     params = {"preset": preset, "overrides": stage_overrides(member.config, {**overrides, **member.overrides}),
               "parent_run_id": parent_run_id}
     child = run_deployment(PIPELINE_DEPLOYMENT, parameters=params, timeout=0, as_subflow=True,
                            idempotency_key=f"{flow_run.id}:member-{member.run_name}")
     get_run_logger().info("member %d (%s): flow run %s", member.index, member.label, child.name)
-    run = _settled(child.id, RESCHEDULE_GRACE_S, member.config.runtime.stage_start_timeout_s)
-    if run.state is None or run.state.type != StateType.COMPLETED:
-        raise StageFailed(f"pipeline run {run.name} ended {run.state.name if run.state else 'unknown'}: "
-                          f"{run.state.message if run.state else ''}")
-    return _result("pipeline", member.config, run)
+    return completed_result("pipeline", member.config, child, f"pipeline run {child.name}")
 
 
 def train_deployment(config) -> str:
