@@ -37,7 +37,7 @@ from gpt2.tracking.tracker import Tracker
 from gpt2.train import memory, mlflow_run, spike_actions
 from gpt2.train.checkpoint_state import checkpoint_state
 from gpt2.train.failure_board import FailureBoard
-from gpt2.train.in_loop import describe, scorers
+from gpt2.train.in_loop import scorers
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.outcome import Outcome
 from gpt2.train.progress import Progress, StepInfo
@@ -81,8 +81,7 @@ class Loop:
         self.log_every = max(1, self.cfg.train.max_steps // 100)
         self.data_wait = 0.0  # seconds the steps waited for their batches since the last log line
         self.failures = RankFailures(session.env, self.writer)
-        self.in_loop = scorers(self.cfg, session.env, session.ctx.amp, session.micro_batch,
-                               self.failures.survive)  # HellaSwag's and CORE's (gpt2.train.in_loop)
+        self.in_loop = scorers(self.cfg, session.env, session.ctx.amp, session.micro_batch, self.failures.survive)
         self.board = FailureBoard.for_group(session.env)  # watches from run() on
         all_tags = {"stage": "train", "train_fingerprint": train_fingerprint(self.cfg), **(tags or {})}
         held = session.lease.still_held if session.lease else None
@@ -265,9 +264,10 @@ class Loop:
                      done, self.cfg.train.max_steps, loss, lr, norm, tps, extra)
 
     def _in_loop(self, done: int) -> None:
-        for metrics in (scorer(self.s.raw_model, done) for scorer in self.in_loop):  # every rank scores its share
+        for scorer in self.in_loop:
+            metrics = scorer(self.s.raw_model, done)  # every rank scores its share
             if metrics and self.s.env.is_main:
-                log.info("%s", describe(metrics, done))
+                log.info("%s", scorer.describe(metrics, done))
                 self.tracker.log_metrics(metrics, step=done)
 
     def _samples(self, done: int) -> None:

@@ -13,74 +13,33 @@ core/<label>/acc, core/<label>/centered.
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 import torch
 
-from gpt2.config.tree import Config
 from gpt2.eval.core.bundle import CoreTask, parse_items
 from gpt2.eval.core.fetch import fetched_tasks, for_training, read_file
 from gpt2.eval.core.prompts import Example, examples, subsample
 from gpt2.eval.core.score import combine, task_result
 from gpt2.eval.core.scorer import score_examples
 from gpt2.model import GPT
-from gpt2.process.distributed import DistEnv, all_reduce, any_rank, autocast
+from gpt2.process.distributed import all_reduce, autocast
 from gpt2.tokenizer import get_encoding
+from gpt2.train.in_loop.scorer import InLoopScorer
 
 log = logging.getLogger(__name__)
 
 
-class InLoopCore:
-    def __init__(self, cfg: Config, env: DistEnv, amp: torch.dtype | None,
-                 on_error: Callable[[Exception, str], None]) -> None:
-        self.cfg, self.env, self.amp, self.on_error = cfg, env, amp, on_error
-        self.tasks: list[tuple[CoreTask, list[Example]]] | None = None  # this rank's share; [] once loading failed
+class InLoopCore(InLoopScorer):
+    what = "CORE"
 
-    def due(self, done: int) -> bool:
-        every = self.cfg.eval.core_every
-        return bool(every) and (done % every == 0 or done == self.cfg.train.max_steps) and self.tasks != []
+    def every(self) -> int:
+        return self.cfg.eval.core_every
 
-    def __call__(self, model: GPT, done: int) -> dict[str, float] | None:
-        """CORE and each task's numbers over every rank's items (every rank calls it), or None
-        when it is not due or cannot run."""
-        if not self.due(done) or not self._load():
-            return None
-        counts: list[float] = []
-        try:
-            with autocast(self.env.device, self.amp):
-                for _, mine in self.tasks:
-                    picks = score_examples(model, mine, self.env.device, self.cfg.eval.batch_size) if mine else []
-                    counts += [sum(d.correct for d in picks), len(picks)]
-        except Exception as err:  # noqa: BLE001 - an OOM on this rank: it still joins the sum below
-            self.on_error(err, f"scoring CORE at step {done}")
-            counts = [0.0] * (2 * len(self.tasks))
-        summed = all_reduce(torch.tensor(counts, dtype=torch.float64, device=self.env.device), self.env, op="sum")
-        totals = [int(v) for v in summed.tolist()]
-        results = {task.label: task_result(task, [True] * right + [False] * (n - right))
-                   for (task, _), right, n in zip(self.tasks, totals[::2], totals[1::2]) if n}
-        if not results:
-            return None
-        core = combine(results)
-        metrics = {"core/score": core["score"], "core/stderr": core["stderr"]}
-        for label, r in results.items():
-            metrics.update({f"core/{label}/acc": r["acc"], f"core/{label}/centered": r["centered"]})
-        return {k: float(v) for k, v in metrics.items() if v is not None}
+    def source(self) -> str:
+        return f"CORE bundle {self.cfg.eval.core_bundle}"
 
-    def _load(self) -> bool:
-        if self.tasks is None:
-            try:
-                mine = self._share()
-            except Exception as err:  # noqa: BLE001 - optional in-loop metric
-                log.warning("in-loop CORE disabled: cannot read CORE bundle %s (%s)", self.cfg.eval.core_bundle, err)
-                mine = []
-            if any_rank(not mine, self.env):  # all ranks score, or none
-                self.tasks = []
-                return False
-            self.tasks = mine
-        return True
-
-    def _share(self) -> list[tuple[CoreTask, list[Example]]]:
-        """Each task's items of this rank, tokenized once for every evaluation of the run."""
+    def read_share(self) -> list[tuple[CoreTask, list[Example]]] | None:
+        """Each task's items of this rank."""
         record = for_training(self.cfg, fetching=False)
         enc, block = get_encoding("gpt2"), self.cfg.model.block_size
         out = []
@@ -90,4 +49,32 @@ class InLoopCore:
             share = range(self.env.rank, len(items), self.env.world_size)
             out.append((task, examples(task, items, enc, block, record["source"], only=share)))
         log.info("in-loop CORE: %d tasks, %d items on this rank", len(out), sum(len(e) for _, e in out))
-        return out
+        return out or None
+
+    def score(self, model: GPT, done: int) -> dict[str, float] | None:
+        """CORE and each task's numbers over every rank's items."""
+        counts: list[float] = []
+        try:
+            with autocast(self.env.device, self.amp):
+                for _, mine in self.share:
+                    picks = score_examples(model, mine, self.env.device, self.cfg.eval.batch_size) if mine else []
+                    counts += [sum(d.correct for d in picks), len(picks)]
+        except Exception as err:  # noqa: BLE001 - an OOM on this rank: it still joins the sum below
+            self.on_error(err, f"scoring CORE at step {done}")
+            counts = [0.0] * (2 * len(self.share))
+        summed = all_reduce(torch.tensor(counts, dtype=torch.float64, device=self.env.device), self.env, op="sum")
+        totals = [int(v) for v in summed.tolist()]
+        results = {task.label: task_result(task, [True] * right + [False] * (n - right))
+                   for (task, _), right, n in zip(self.share, totals[::2], totals[1::2]) if n}
+        if not results:
+            return None
+        core = combine(results)
+        metrics = {"core/score": core["score"], "core/stderr": core["stderr"]}
+        for label, r in results.items():
+            metrics.update({f"core/{label}/acc": r["acc"], f"core/{label}/centered": r["centered"]})
+        return {k: float(v) for k, v in metrics.items() if v is not None}
+
+    def describe(self, metrics: dict[str, float], done: int) -> str:
+        """CORE's score (its tasks are in MLflow)."""
+        tasks = sum(1 for k in metrics if k.endswith("/centered"))
+        return f"CORE at step {done}: {metrics['core/score']:.4f} over {tasks} tasks"
