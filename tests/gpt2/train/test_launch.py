@@ -134,10 +134,30 @@ def test_torchrun_does_not_outlive_a_killed_parent(tmp_path):
     assert latest is not None and not latest.endswith("step_100000")
 
 
+MARK = "GPT2_TESTS_LAUNCH_MARK"
+
+
+@pytest.fixture(autouse=True)
+def _marked(request, monkeypatch):
+    """This test's processes carry its id in their environment (the launcher passes its own on)."""
+    monkeypatch.setenv(MARK, request.node.nodeid)
+
+
 def _trainer_pids() -> set[int]:
+    """This test's trainer processes. The warm interpreter's servers (tests/warm_python) are shared
+    by the session's pytest workers and live under the worker that started them, so the trainers of
+    another worker's test (two ranks of test_zero, say) can be among this process's descendants:
+    only the ones with this test's mark are its own."""
     import psutil
 
-    return {p.pid for p in psutil.Process().children(recursive=True) if "gpt2.train" in " ".join(p.cmdline())}
+    mine = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "gpt2.train" in " ".join(proc.cmdline()) and proc.environ().get(MARK) == os.environ[MARK]:
+                mine.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ended meanwhile
+            continue
+    return set(mine)
 
 
 def _final_weights(config):
