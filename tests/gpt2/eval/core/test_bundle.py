@@ -36,6 +36,23 @@ def test_a_damaged_copy_is_named(tmp_path):
         read_file(record, "eval_data/lm.jsonl")
 
 
+def test_a_fetch_torn_before_its_record_is_done_again_from_the_source(tmp_path):
+    """A fetch killed part way leaves files but no bundle.json (written last): the next fetch copies
+    the bundle again, so a file left half written, here one flipped byte, is replaced, not trusted."""
+    source = write_bundle(tmp_path / "b")
+    record = fetch(_root(tmp_path), str(source))
+    copy = tmp_path / "root" / record["dir"].split("/root/", 1)[1]
+    (copy / RECORD).unlink()
+    torn = copy / "eval_data" / "mc" / "animals.jsonl"
+    data = bytearray(torn.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    torn.write_bytes(bytes(data))
+    again = fetch(_root(tmp_path), str(source))
+    assert again == record and (copy / RECORD).exists()
+    original = (source / "eval_data" / "mc" / "animals.jsonl").read_bytes()
+    assert read_file(again, "eval_data/mc/animals.jsonl") == original
+
+
 @pytest.mark.parametrize(("break_it", "message"), [
     (lambda d: (d / "core.yaml").unlink(), r"CORE bundle \S+ has no core.yaml: give eval.core_bundle"),
     (lambda d: (d / "eval_data" / "schema.jsonl").unlink(),
