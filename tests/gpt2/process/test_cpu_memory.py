@@ -43,7 +43,8 @@ def _faults(**env: str) -> list[int]:
                     reason="the kernel has no transparent huge pages to give")
 def test_large_cpu_tensors_are_faulted_in_on_huge_pages_unless_the_user_said_otherwise():
     assert all(n < PAGES * 0.05 for n in _faults()), "gpt2 imported: huge pages"
-    assert all(n > PAGES * 0.9 for n in _faults(THP_MEM_ALLOC_ENABLE="0")), "the user's 0 kept: 4 KiB pages"
+    if "[madvise]" in THP.read_text():  # (a kernel set to `always` gives huge pages to every process)
+        assert all(n > PAGES * 0.9 for n in _faults(THP_MEM_ALLOC_ENABLE="0")), "the user's 0 kept: 4 KiB pages"
 
 
 def test_a_value_already_set_is_kept():
