@@ -34,13 +34,18 @@ def _cli(env: dict, cwd: Path, *args: str) -> str:
     return done.stdout
 
 
+def _client(stack: dict):
+    """A Prefect client of the stack's server, with its auth string."""
+    from cli.stack.prefect_setup import client
+
+    return client(stack["prefect_api_url"], Path(stack["prefect_auth_file"]).read_text().strip())
+
+
 def set_slots(stack: dict, slots: int) -> None:
     """The `gpu` pool and its GPU deployments at `slots` runs at once."""
     from prefect.client.schemas.actions import DeploymentUpdate, WorkPoolUpdate
 
-    from cli.stack.prefect_setup import client
-
-    with client(stack["prefect_api_url"], Path(stack["prefect_auth_file"]).read_text().strip()) as c:
+    with _client(stack) as c:
         c.update_work_pool("gpu", WorkPoolUpdate(concurrency_limit=slots))
         for name in DEPLOYMENTS:
             c.update_deployment(c.read_deployment_by_name(name).id, DeploymentUpdate(concurrency_limit=slots))
@@ -48,15 +53,13 @@ def set_slots(stack: dict, slots: int) -> None:
 
 def timed_sweep(stack: dict, env: dict, base: Path, lrs: list[float], slots: int) -> float:
     """Wall seconds from `prefect deployment run gpt2/sweep` to the sweep's final state."""
-    from cli.stack.prefect_setup import client
-
     overrides = {"runtime.root": str(base / f"root-{slots}"), "runtime.work_dir": str(base / f"work-{slots}"),
                  "runtime.max_parallel_runs": slots, "train.max_steps": 12}
     started = time.perf_counter()
     out = _cli(env, base, "prefect", "deployment", "run", "gpt2/sweep", "--param", "preset=smoke",
                "--param", f"overrides={json.dumps(overrides)}", "--param", f"grid={json.dumps({'train.lr': lrs})}")
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
-    with client(stack["prefect_api_url"], Path(stack["prefect_auth_file"]).read_text().strip()) as c:
+    with _client(stack) as c:
         while not (run := c.read_flow_run(run_id)).state.is_final():
             time.sleep(2)
     if not run.state.is_completed():
