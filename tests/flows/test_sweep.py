@@ -49,9 +49,10 @@ def _weights(checkpoint: str) -> dict:
 
 
 def _complete(run_dir: str) -> list[int]:
-    from gpt2.root.storage import local_path
+    """The steps of the run's complete checkpoints, as the trainer judges them, oldest first."""
+    from gpt2.checkpoint.catalog import is_complete, step_dirs
 
-    return sorted(int(p.parent.name.split("_")[1]) for p in local_path(run_dir).glob("checkpoints/step_*/COMPLETE"))
+    return sorted(step for step, url in step_dirs(run_dir) if is_complete(url))
 
 
 def _kill_mid_second_member(env: dict, cwd: Path, sweep: tuple[str, ...], one, two) -> list[int]:
