@@ -224,6 +224,28 @@ def temporary_server_database(config: Config) -> None:
     os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{path}"
 
 
+TEMPORARY_SERVER_QUICK_START = {"PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
+                                "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+"""Prefect's temporary server registers no block types as it starts. Registering them first imports
+every installed Prefect collection (prefect-gcp's Vertex AI and BigQuery clients, prefect-kubernetes,
+prefect-dask), ~4.5 s of CPU for a server that lives as long as one command; memoizing it does not
+help, as the memo is checked after the imports. A run saves only gpt2's own blocks (its results
+storage, the compile secret), and saving a block registers its type."""
+
+
+def temporary_server_quick_start() -> None:
+    """TEMPORARY_SERVER_QUICK_START, where this command's flows will start Prefect's temporary
+    server (no PREFECT_API_URL); a value the user set wins."""
+    import os
+
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return
+    for name, value in TEMPORARY_SERVER_QUICK_START.items():
+        os.environ.setdefault(name, value)
+
+
 SERVER_WAIT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 SERVER_WAIT_S = 180
 
@@ -344,6 +366,7 @@ def run_flow(entrypoint: str, preset: str, sets: Optional[list[str]], root: Opti
     signals.watch()  # a Ctrl-C is kept in mind even where Prefect swallows it (gpt2.process.signals)
     announce_server()
     temporary_server_database(config)
+    temporary_server_quick_start()
     module, name = entrypoint.split(":")
     flow_fn = getattr(importlib.import_module(module), name)
     log_to_file(config, verbose)  # after the import: Prefect has set up its console handler by then

@@ -241,6 +241,7 @@ def prefect_server():
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
+    from cli.common import TEMPORARY_SERVER_QUICK_START
     from cli.stack.services import seed_prefect_db
 
     def seeded_dir() -> str:
@@ -251,13 +252,11 @@ def prefect_server():
         seed_prefect_db(Path(path) / "prefect-test.db")
         return path
 
-    # Its server registers no block types at start: the tests save only
-    # gpt2's own block, which registers its type as it is saved. Registering
-    # at start first imports every installed Prefect collection (prefect-gcp's
-    # Vertex AI and BigQuery clients, in dev for the job-template tests: ~7 s
-    # of CPU a server). Set only while the server starts: it reads them there.
-    quiet_start = mock.patch.dict(os.environ, {"PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
-                                               "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"})
+    # Its server registers no block types at start, as the CLI's temporary server
+    # (cli.common.TEMPORARY_SERVER_QUICK_START): the tests save only gpt2's own
+    # blocks, which register their types as they are saved. Set only while the
+    # server starts: it reads them there.
+    quiet_start = mock.patch.dict(os.environ, TEMPORARY_SERVER_QUICK_START)
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch("prefect.testing.utilities.mkdtemp", seeded_dir))
         with quiet_start:
