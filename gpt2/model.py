@@ -124,10 +124,7 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token (forward + backward), PaLM appendix B:
-        6·N plus the attention score/value matmuls 12·L·C·T."""
-        cfg = self.config
-        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+        return training_flops_per_token(self.config, self.num_params())
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
@@ -144,3 +141,22 @@ class GPT(nn.Module):
             nxt = torch.multinomial(probs, 1, generator=generator)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
+
+
+def parameter_count(cfg: ModelConfig, non_embedding: bool = True) -> int:
+    """What GPT(cfg).num_params(non_embedding) counts, from the shapes alone. Planning (gpt2.cost.plan:
+    `gpt2 plan`, the training flow's checkpoint-time warning) needs the number without building the
+    model: even on the meta device, nn.init.normal_ imports torch._dynamo (~0.9 s of CPU in a
+    process that trains nothing). tests/gpt2/test_model.py holds it to the model for every preset."""
+    C = cfg.n_embd
+    layer_norm = 2 * C
+    attention = (C * 3 * C + 3 * C) + (C * C + C)
+    mlp = (C * 4 * C + 4 * C) + (4 * C * C + C)
+    n = cfg.vocab_size * C + cfg.n_layer * (2 * layer_norm + attention + mlp) + layer_norm  # lm_head is wte
+    return n if non_embedding else n + cfg.block_size * C
+
+
+def training_flops_per_token(cfg: ModelConfig, n_params: int) -> int:
+    """Training FLOPs per token (forward + backward), PaLM appendix B: 6·N (N without
+    the position embeddings) plus the attention score/value matmuls 12·L·C·T."""
+    return 6 * n_params + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size

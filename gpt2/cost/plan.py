@@ -19,8 +19,6 @@ import json
 import math
 from typing import Any, Callable
 
-import torch
-
 from gpt2.config.data import BUILTIN_PREFIX, SourceError, builtin_documents
 from gpt2.config.train import SCRATCH
 from gpt2.config.tree import Config
@@ -31,7 +29,7 @@ from gpt2.data.download import resolve_source
 from gpt2.data.epoch import planned_steps
 from gpt2.data.sources import SourceFiles, file_format, is_remote
 from gpt2.ladder import plan as ladder_plan
-from gpt2.model import GPT
+from gpt2.model import parameter_count, training_flops_per_token
 from gpt2.process.kill_window import expected_save_s, expected_window_warning, kill_window, resolve_pool
 from gpt2.root import layout
 from gpt2.train.memory import estimate_multi_rank_bytes, estimate_step_bytes
@@ -51,11 +49,9 @@ NOT_COUNTED = "start-up, compilation, micro-batch probe, checkpoint writes, Hell
 
 
 def model_size(config: Config) -> tuple[int, int]:
-    """(parameters, training FLOPs per token), from the model itself built on
-    the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
-        model = GPT(config.model)
-    return model.num_params(non_embedding=False), model.flops_per_token()
+    """(parameters, training FLOPs per token), from the model's shapes (gpt2.model.parameter_count)."""
+    return (parameter_count(config.model, non_embedding=False),
+            training_flops_per_token(config.model, parameter_count(config.model)))
 
 
 def count_every(steps: int, every: int) -> int:

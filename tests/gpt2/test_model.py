@@ -70,3 +70,18 @@ def test_loss_is_cross_entropy_of_the_logits():
 def test_head_is_tied_to_the_token_embedding():
     model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16))
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+
+
+def test_the_parameter_count_from_the_shapes_is_the_models_for_every_preset():
+    """gpt2.model.parameter_count (what planning uses, without building the model) against the
+    model itself, built on the meta device, for every preset and an odd shape."""
+    from gpt2.config.presets import PRESETS
+    from gpt2.model import parameter_count
+
+    shapes = [preset().model for preset in PRESETS.values()]
+    shapes.append(ModelConfig(n_layer=3, n_head=3, n_embd=48, block_size=40, vocab_size=50304))
+    for cfg in shapes:
+        with torch.device("meta"):
+            model = GPT(cfg)
+        assert parameter_count(cfg) == model.num_params(), cfg
+        assert parameter_count(cfg, non_embedding=False) == model.num_params(non_embedding=False), cfg
