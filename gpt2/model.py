@@ -102,6 +102,14 @@ class GPT(nn.Module):
         the mean cross-entropy loss. Training passes return_logits=False: a
         returned (B, T, vocab) tensor would be kept and, compiled, written out
         in full (6.6 GB at B=64 in bf16) only to be dropped."""
+        logits = self.lm_head(self._features(idx))  # (B, T, vocab_size)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return (logits if return_logits else None), loss
+
+    def _features(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> the final LayerNorm's output (B, T, C), what the output layer reads."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds model.block_size {self.config.block_size}")
@@ -113,11 +121,7 @@ class GPT(nn.Module):
             # use_reentrant=False: the variant torch recommends; it works with
             # autocast, torch.compile and inputs that need no grad.
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1))
-        return (logits if return_logits else None), loss
+        return self.transformer.ln_f(x)
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -132,8 +136,10 @@ class GPT(nn.Module):
         """Sample continuations of idx (B, T); only GPT-2's 50257 real tokens are drawn."""
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.config.block_size:]
-            logits, _ = self(ctx)
-            logits = logits[:, -1, :50257] / max(temperature, 1e-6)
+            # The output layer on the last position alone: the only one drawn from, and over a
+            # 50,304-way vocabulary the bulk of a small model's forward (T times less of it).
+            logits = self.lm_head(self._features(ctx)[:, -1, :])
+            logits = logits[:, :50257] / max(temperature, 1e-6)
             if top_k is not None:
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                 logits = logits.masked_fill(logits < kth, -math.inf)

@@ -85,3 +85,24 @@ def test_the_parameter_count_from_the_shapes_is_the_models_for_every_preset():
             model = GPT(cfg)
         assert parameter_count(cfg) == model.num_params(), cfg
         assert parameter_count(cfg, non_embedding=False) == model.num_params(non_embedding=False), cfg
+
+
+def test_generate_draws_from_the_full_forwards_last_position():
+    """generate runs the output layer on the last position alone: the tokens it draws are the ones
+    the full forward's last-position logits give, with the same generator."""
+    import math
+
+    import torch.nn.functional as F
+
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50304)
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    idx = torch.randint(0, 50257, (3, 5))
+    drawn = model.generate(idx, 14, top_k=50, generator=torch.Generator().manual_seed(7))  # past block_size
+    reference, gen = idx, torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for _ in range(14):
+            logits = model(reference[:, -cfg.block_size:])[0][:, -1, :50257]
+            logits = logits.masked_fill(logits < torch.topk(logits, 50).values[:, [-1]], -math.inf)
+            reference = torch.cat([reference, torch.multinomial(F.softmax(logits, dim=-1), 1, generator=gen)], dim=1)
+    assert torch.equal(drawn, reference)
