@@ -32,7 +32,7 @@ def test_the_temporary_servers_database_is_the_work_dirs_and_a_users_own_is_left
     assert SETTING not in os.environ
 
 
-def test_the_temporary_server_starts_without_registering_block_types_unless_the_user_said(tmp_path, monkeypatch):
+def test_the_temporary_server_starts_without_registering_block_types_unless_the_user_said(monkeypatch):
     """cli.common.TEMPORARY_SERVER_QUICK_START, read through Prefect's own settings: its server then
     skips the import of every installed collection at start. A value the user set is kept; with a
     server of the user's, nothing is set."""
