@@ -24,6 +24,7 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Cancelling
 
+from flows.run_events import RunWakeup
 from gpt2.config.tree import Config
 from gpt2.errors import UserError
 from gpt2.ladder import moves, rungs
@@ -132,6 +133,12 @@ def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[
     that goes away (a restart, an upgrade) is waited for up to SERVER_AWAY_S:
     the verdict comes from the run's history on the server, so the ladder
     carries on where it was when the server is back."""
+    with RunWakeup(run_id) as wake:  # the run's events wake the poll as its state changes (flows.run_events)
+        return _poll_verdict(run_id, rung, last, config, grace_s, left, tick, wake)
+
+
+def _poll_verdict(run_id, rung, last: bool, config: Config, grace_s: float, left: list[dict],
+                  tick: Callable[..., None] | None, wake: RunWakeup):
     away_since = None
     while True:
         try:
@@ -155,7 +162,7 @@ def _watch(run_id, rung, last: bool, config: Config, grace_s: float, left: list[
             return decided, run
         if tick is not None:
             tick()
-        time.sleep(POLL_S)
+        wake.wait(POLL_S)
 
 
 def _parameters(config: Config, parameters: dict[str, Any], after_a_left_rung: bool) -> dict[str, Any]:

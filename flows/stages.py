@@ -20,6 +20,7 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 
 from flows import child_progress, reschedule
+from flows.run_events import RunWakeup
 from gpt2.config.tree import Config
 from gpt2.errors import UserError
 from gpt2.ladder import rungs
@@ -121,7 +122,14 @@ def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Calla
     """The run once it is final. A run that waits to start (Scheduled, Pending;
     a rescheduled one too) longer than `start_timeout_s` raises StageFailed
     saying what is missing, instead of keeping the parent waiting forever."""
-    # prefect.flow_runs.wait_for_flow_run is async-only; this flow is sync.
+    # prefect.flow_runs.wait_for_flow_run is async-only; this flow is sync. The run's events wake
+    # the poll as its state changes (flows.run_events), so a stage that ended is noticed at once.
+    with RunWakeup(run_id) as wake:
+        return _poll_final(run_id, start_timeout_s, poll_s, tick, wake)
+
+
+def _poll_final(run_id, start_timeout_s: float, poll_s: float, tick: Callable[..., None] | None,
+                wake: RunWakeup) -> FlowRun:
     waiting_since = None
     while True:
         run = _read(run_id)
@@ -139,7 +147,7 @@ def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Calla
             waiting_since = None
         if tick is not None:
             tick()
-        time.sleep(poll_s)
+        wake.wait(poll_s)
 
 
 def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),

@@ -40,14 +40,33 @@ def client(stack):
     return stack_client(stack["prefect_api_url"], Path(stack["prefect_auth_file"]).read_text().strip())
 
 
+@contextlib.contextmanager
+def _woken_by(stack, run_id: str):
+    """The run's events on the stack's server wake the test's waits as they wake the parent's
+    (flows.run_events): a run that ended is noticed at once, not at the next 3 s poll."""
+    from prefect.settings import PREFECT_API_AUTH_STRING, temporary_settings
+
+    from cli.stack.prefect_setup import _settings
+    from flows.run_events import RunWakeup
+
+    auth = Path(stack["prefect_auth_file"]).read_text().strip()
+    with temporary_settings(updates={PREFECT_API_AUTH_STRING: None, **_settings(stack["prefect_api_url"], auth)}):
+        wake = RunWakeup(run_id).__enter__()  # its thread keeps the stack's settings
+    try:
+        yield wake
+    finally:
+        wake.close()
+
+
 def wait_final(stack, run_id: str, timeout: float = PIPELINE_TIMEOUT_S):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with client(stack) as c:
-            run = c.read_flow_run(run_id)
-        if run.state.is_final():
-            return run
-        time.sleep(3)
+    with _woken_by(stack, run_id) as wake:
+        while time.monotonic() < deadline:
+            with client(stack) as c:
+                run = c.read_flow_run(run_id)
+            if run.state.is_final():
+                return run
+            wake.wait(3)
     raise AssertionError(f"flow run {run_id} still {run.state.name} after {timeout:.0f} s; "
                          f"logs in {stack['state_dir']}/logs")
 
