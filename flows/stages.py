@@ -159,12 +159,13 @@ def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),
         if run.state.type != StateType.CRASHED:
             return run
         deadline = time.monotonic() + reschedule.grace_for(run, grace_s)
-        while time.monotonic() < deadline:
-            time.sleep(3)
-            run = _read(run_id)
-            if run.state.type != StateType.CRASHED:
-                break
-        else:
+        with RunWakeup(run_id) as wake:  # the automation's put-back noticed as it happens
+            while time.monotonic() < deadline:
+                wake.wait(3)
+                run = _read(run_id)
+                if run.state.type != StateType.CRASHED:
+                    break
+        if run.state.type == StateType.CRASHED:
             if not reschedule_in_its_place(run, grace_s):
                 return run
             continue

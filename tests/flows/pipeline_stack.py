@@ -79,13 +79,14 @@ def wait_settled(stack, run_id: str, grace_s: float = 120):
         if not run.state.is_crashed():
             return run
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            time.sleep(3)
-            with client(stack) as c:
-                run = c.read_flow_run(run_id)
-            if not run.state.is_crashed():
-                break
-        else:
+        with _woken_by(stack, run_id) as wake:
+            while time.monotonic() < deadline:
+                wake.wait(3)
+                with client(stack) as c:
+                    run = c.read_flow_run(run_id)
+                if not run.state.is_crashed():
+                    break
+        if run.state.is_crashed():
             return run
 
 
