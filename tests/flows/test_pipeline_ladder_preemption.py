@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.background import started
 from tests.cli.stack.fixtures import gpt2
 from tests.flows.ladder_runs import STEPS, attempts, first_rung_run, stage_runs, summary_text
 from tests.flows.pipeline_stack import (
@@ -38,6 +39,10 @@ def test_preempted_max_times_on_a_rung_the_run_resumes_on_the_next(stack, tmp_pa
     params = overrides(stack, **{"train.lr": 2e-3, **STEPS, "train.max_steps": 200,
                                  "runtime.gpu_pools": "gpu-sky:2.0:300:1,gpu:4.0"})
     config = resolve_config("smoke", params)
+    # The same run uninterrupted, by `gpt2 prepare` and `gpt2 train`, on a root of its own: trained meanwhile.
+    alone = {**{k: v for k, v in params.items() if k != "runtime.gpu_pools"},
+             "runtime.root": str(tmp_path / "alone"), "runtime.work_dir": str(tmp_path / "work")}
+    reference = started(_prepare_and_train, stack, alone)
     parent_id = deployment_run(stack, params)
     sky = first_rung_run(stack, parent_id, "gpu-sky")
     proc = flow_run_process(stack, str(sky.id), timeout=PIPELINE_TIMEOUT_S)
@@ -61,12 +66,14 @@ def test_preempted_max_times_on_a_rung_the_run_resumes_on_the_next(stack, tmp_pa
     assert [r["pool"] for r in attempts(config)] == ["gpu-sky", "gpu"]
     assert "left gpu-sky: preempted 1 times" in summary_text(stack, parent_id)
 
-    # The same run uninterrupted, by `gpt2 prepare` and `gpt2 train`, on a root of its own: the same weights.
-    alone = {**{k: v for k, v in params.items() if k != "runtime.gpu_pools"},
-             "runtime.root": str(tmp_path / "alone"), "runtime.work_dir": str(tmp_path / "work")}
-    for command in ("prepare", "train"):
-        gpt2(stack["env"], stack["base"], command, "--preset", "smoke", *_sets(alone))
+    # The uninterrupted run's weights are the same.
+    reference.result()
     assert _same(_final_weights(config), _final_weights(resolve_config("smoke", alone)))
+
+
+def _prepare_and_train(stack, params: dict) -> None:
+    for command in ("prepare", "train"):
+        gpt2(stack["env"], stack["base"], command, "--preset", "smoke", *_sets(params))
 
 
 def _sets(params: dict) -> list[str]:

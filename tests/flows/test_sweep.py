@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.background import started
 from tests.cli.stack.fixtures import clean_env
 
 pytestmark = pytest.mark.e2e
@@ -87,6 +88,8 @@ def test_a_sweep_killed_mid_member_ends_as_its_members_run_alone(tmp_path):
     sweep = ("sweep", *SHORT, "--runs", str(tmp_path / "runs.json"), *place)
     common = {"train.max_steps": 12, "train.checkpoint_every": 4, "runtime.work_dir": place[-1].split("=", 1)[1]}
     one, two, _ = resolve_members("smoke", common, MEMBERS, root=place[1])
+    # Member 2 as `gpt2 run` makes it alone, uninterrupted, on another root: trained meanwhile.
+    alone = started(_gpt2, env, tmp_path, "run", *SHORT, "--set", "train.lr=3e-3", *_on(tmp_path / "alone"))
     at_kill = _kill_mid_second_member(env, tmp_path, sweep, one, two)
 
     result = _gpt2(env, tmp_path, *sweep, code=1)
@@ -123,7 +126,7 @@ def test_a_sweep_killed_mid_member_ends_as_its_members_run_alone(tmp_path):
         assert float(child.data.params["train.lr"]) == r["overrides"]["train.lr"]
 
     # The resumed member is exactly the run `gpt2 run` makes alone, uninterrupted, elsewhere.
-    alone = _gpt2(env, tmp_path, "run", *SHORT, "--set", "train.lr=3e-3", *_on(tmp_path / "alone"))
+    alone = alone.result()
     assert rows[1]["final_val_loss"] == alone["final_val_loss"]
     ours, theirs = _weights(rows[1]["checkpoint"]), _weights(alone["checkpoint"])
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.background import started
 from tests.cli.stack.fixtures import clean_env
 from tests.flows.pipeline_stack import (
     PIPELINE_TIMEOUT_S,
@@ -60,6 +61,11 @@ def test_a_sweep_deployment_killed_and_rescheduled_runs_each_member_once_one_gpu
     from gpt2.train.attempts import read_attempts
 
     params = overrides(stack, **{"train.max_steps": 4, "runtime.max_parallel_runs": 2})
+    # Member 2 as `gpt2 run` makes it alone on another root: trained meanwhile.
+    env = {**clean_env(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    alone = started(_gpt2, env, tmp_path, "run", "--preset", "smoke", "--set", "train.max_steps=4", "--set",
+                    f"train.lr={LRS[1]}", "--root", str(tmp_path / "root"), "--set",
+                    f"runtime.work_dir={tmp_path / 'w'}")
     sweep_id = _sweep_run(stack, params, {"train.lr": LRS})
     # The sweep's own process SIGKILLed once its first member runs: the reschedule automation starts
     # it again, and it re-attaches to what it had started (data stage, member) instead of starting twice.
@@ -91,8 +97,5 @@ def test_a_sweep_deployment_killed_and_rescheduled_runs_each_member_once_one_gpu
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
 
     # Member 2 bit for bit the run `gpt2 run` makes alone on another root.
-    env = {**clean_env(tmp_path / "home"), "PYTHONPATH": str(REPO)}
-    alone = _gpt2(env, tmp_path, "run", "--preset", "smoke", "--set", "train.max_steps=4", "--set",
-                  f"train.lr={LRS[1]}", "--root", str(tmp_path / "root"), "--set", f"runtime.work_dir={tmp_path / 'w'}")
-    ours, theirs = _weights(rows[1]["checkpoint"]), _weights(alone["checkpoint"])
+    ours, theirs = _weights(rows[1]["checkpoint"]), _weights(alone.result()["checkpoint"])
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
