@@ -116,9 +116,11 @@ def _read(run_id) -> FlowRun:
 
 
 WAITING_STATES = (StateType.SCHEDULED, StateType.PENDING)
+POLL_S = 5.0
+"""The longest the parent waits between two reads of a stage run (its events wake it sooner: flows.run_events)."""
 
 
-def _wait_final(run_id, start_timeout_s: float, poll_s: float = 5.0, tick: Callable[..., None] | None = None) -> FlowRun:
+def _wait_final(run_id, start_timeout_s: float, poll_s: float = POLL_S, tick: Callable[..., None] | None = None) -> FlowRun:
     """The run once it is final. A run that waits to start (Scheduled, Pending;
     a rescheduled one too) longer than `start_timeout_s` raises StageFailed
     saying what is missing, instead of keeping the parent waiting forever."""
@@ -154,23 +156,23 @@ def _settled(run_id, grace_s: float, start_timeout_s: float = float("inf"),
              tick: Callable[..., None] | None = None) -> FlowRun:
     """Wait for a final state that no automation is about to change; `tick`
     runs at every poll (the training child's progress line: flows.child_progress)."""
-    while True:
-        run = _wait_final(run_id, start_timeout_s, tick=tick)
-        if run.state.type != StateType.CRASHED:
-            return run
-        deadline = time.monotonic() + reschedule.grace_for(run, grace_s)
-        with RunWakeup(run_id) as wake:  # the automation's put-back noticed as it happens
+    with RunWakeup(run_id) as wake:  # one subscription for the whole wait, a put-back's included
+        while True:
+            run = _poll_final(run_id, start_timeout_s, POLL_S, tick, wake)
+            if run.state.type != StateType.CRASHED:
+                return run
+            deadline = time.monotonic() + reschedule.grace_for(run, grace_s)
             while time.monotonic() < deadline:
-                wake.wait(3)
+                wake.wait(3)  # the automation's put-back noticed as it happens
                 run = _read(run_id)
                 if run.state.type != StateType.CRASHED:
                     break
-        if run.state.type == StateType.CRASHED:
-            if not reschedule_in_its_place(run, grace_s):
-                return run
-            continue
-        get_run_logger().warning("stage run %s was rescheduled after a crash (%s); waiting for it",
-                                 run.name, run.state.name)
+            else:
+                if not reschedule_in_its_place(run, grace_s):
+                    return run
+                continue
+            get_run_logger().warning("stage run %s was rescheduled after a crash (%s); waiting for it",
+                                     run.name, run.state.name)
 
 
 def reschedule_in_its_place(run: FlowRun, grace_s: float) -> bool:

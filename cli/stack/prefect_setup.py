@@ -85,14 +85,21 @@ def _settings(api_url: str, auth: str | None) -> dict[Any, Any]:
 
 
 @contextmanager
-def client(api_url: str, auth: str | None) -> Iterator[Any]:
-    from prefect.client.orchestration import get_client
+def server_settings(api_url: str, auth: str | None) -> Iterator[None]:
+    """This thread's Prefect settings those of the stack's server (and of a thread that copies its context)."""
     from prefect.settings import PREFECT_API_AUTH_STRING, temporary_settings
 
     # None overrides too: an auth string of this process's own profile belongs to another server.
     with temporary_settings(updates={PREFECT_API_AUTH_STRING: None, **_settings(api_url, auth)}):
-        with get_client(sync_client=True) as c:
-            yield c
+        yield
+
+
+@contextmanager
+def client(api_url: str, auth: str | None) -> Iterator[Any]:
+    from prefect.client.orchestration import get_client
+
+    with server_settings(api_url, auth), get_client(sync_client=True) as c:
+        yield c
 
 
 def use_profile(api_url: str, auth: str) -> str:

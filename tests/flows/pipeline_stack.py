@@ -33,29 +33,26 @@ def deployment_run(stack, params: dict) -> str:
     return re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
 
 
+def _auth(stack) -> str:
+    # The stack's server answers only requests that carry its auth string.
+    return Path(stack["prefect_auth_file"]).read_text().strip()
+
+
 def client(stack):
     from cli.stack.prefect_setup import client as stack_client
 
-    # The stack's server answers only requests that carry its auth string.
-    return stack_client(stack["prefect_api_url"], Path(stack["prefect_auth_file"]).read_text().strip())
+    return stack_client(stack["prefect_api_url"], _auth(stack))
 
 
 @contextlib.contextmanager
 def _woken_by(stack, run_id: str):
     """The run's events on the stack's server wake the test's waits as they wake the parent's
     (flows.run_events): a run that ended is noticed at once, not at the next 3 s poll."""
-    from prefect.settings import PREFECT_API_AUTH_STRING, temporary_settings
-
-    from cli.stack.prefect_setup import _settings
+    from cli.stack.prefect_setup import server_settings
     from flows.run_events import RunWakeup
 
-    auth = Path(stack["prefect_auth_file"]).read_text().strip()
-    with temporary_settings(updates={PREFECT_API_AUTH_STRING: None, **_settings(stack["prefect_api_url"], auth)}):
-        wake = RunWakeup(run_id).__enter__()  # its thread keeps the stack's settings
-    try:
+    with server_settings(stack["prefect_api_url"], _auth(stack)), RunWakeup(run_id) as wake:
         yield wake
-    finally:
-        wake.close()
 
 
 def wait_final(stack, run_id: str, timeout: float = PIPELINE_TIMEOUT_S):
