@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from gpt2.preflight.report import Check
+from gpt2.process import collector
 from gpt2.report import figures_on_record
 from gpt2.secrets import redact
 
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     _stop_on_sigterm()
     from gpt2.preflight.run import preflight
 
+    collector.freeze_imports()  # where `python -m gpt2.preflight` paused the collector (below)
+    collector.started()
+
     out = sys.stderr if args.as_json else sys.stdout
     if rank == 0:
         print(f"preflight of {config.preset} for root {redact(config.runtime.root)}"
@@ -153,4 +157,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    collector.pause()  # its imports without full collections (gpt2.process.collector), until main() has them
     sys.exit(main())

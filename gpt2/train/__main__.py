@@ -24,6 +24,11 @@ import os
 import sys
 from pathlib import Path
 
+from gpt2.process import collector
+
+if __name__ == "__main__":  # a trainer's process, not an import of main(): gpt2.process.collector says why
+    collector.pause()  # until the run has its model and data (gpt2.train.run)
+
 from gpt2.config.tree import Config
 from gpt2.data.epoch import with_resolved_steps
 from gpt2.errors import UserError
@@ -31,6 +36,8 @@ from gpt2.process.console import survive_closed_console
 from gpt2.train.progress import ProgressBar, StepInfo
 from gpt2.train.run import PREEMPTED_EXIT_CODE, Preempted, train
 from gpt2.train.status_file import StatusFile
+
+collector.freeze_imports()
 
 log = logging.getLogger("gpt2.train")
 

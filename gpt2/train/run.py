@@ -14,6 +14,7 @@ from gpt2.config.tree import Config
 from gpt2.data.epoch import with_resolved_steps
 from gpt2.eval.core.fetch import for_training
 from gpt2.ladder.rungs import stop_if_left
+from gpt2.process import collector
 from gpt2.process.distributed import STARTUP_TIMEOUT_S, distributed
 from gpt2.train.attempts import Attempt, settle
 from gpt2.train.loop import Loop
@@ -128,6 +129,7 @@ def train(config: Config, fresh: bool = False, progress: Progress | None = None,
             attempt.resumed(session.start_step, config.train.max_steps)
             warmup = _Warmup(attempt.progress(progress), session.compiled, clock, attempt)
             loop = warmup.loop = Loop(session, warmup, parent_run_id, tags, stop=guard, attempt=attempt)
+            collector.started()  # the trainer's start is over (python -m gpt2.train paused the collector)
             outcome = loop.run()
         except BaseException as err:
             attempt.end("error", f"{type(err).__name__}: {err}")
