@@ -144,14 +144,15 @@ def _marked(request, monkeypatch):
 
 
 def _trainer_pids() -> set[int]:
-    """This test's trainer processes. The warm interpreter's servers (tests/warm_python) are shared
-    by the session's pytest workers and live under the worker that started them, so the trainers of
-    another worker's test (two ranks of test_zero, say) can be among this process's descendants:
-    only the ones with this test's mark are its own."""
+    """This test's trainer processes, found by its mark among all of the machine's. The warm
+    interpreter's servers (tests/warm_python) are shared by the session's pytest workers and live
+    under the worker that started them: this test's trainers are descendants of that worker, not
+    necessarily of this one (which found none when the other worker had started the servers), and
+    another worker's trainers (two ranks of test_zero, say) can be among this one's."""
     import psutil
 
     mine = []
-    for proc in psutil.Process().children(recursive=True):
+    for proc in psutil.process_iter():
         try:
             if "gpt2.train" in " ".join(proc.cmdline()) and proc.environ().get(MARK) == os.environ[MARK]:
                 mine.append(proc.pid)
