@@ -1,16 +1,19 @@
-"""Benchmark: what starting with the garbage collector paused (gpt2.process.collector) saves a
-trainer and a preflight, the two processes every training attempt starts.
+"""Benchmark: what a process of ours saves by how it treats Python's garbage collector: the trainer
+and the preflight start with it paused (gpt2.process.collector), the preflight and a flow-run process
+freeze their heap as they exit (the trainer and `gpt2` already did), so that the interpreter's final
+collection does not walk and free it object by object.
 
     python -m bench.process_start              # 3 rounds
     python -m bench.process_start --rounds 5
 
-Each round runs each command twice, alternating which goes first: as a user's process starts it
-(`python -m gpt2.train` / `python -m gpt2.preflight`: the collector paused until the start is over)
-and as the same code imported as a module and called (`from gpt2.train.__main__ import main`:
-nothing pauses, the collector runs as Python's default; the baseline). The trainer trains the
-smoke preset 2 steps on a root prepared once (so its start is most of it), fresh each time; the
-preflight is the training flow's (`--steps 2`) with `--synthetic`. CPU is each process's, from the
-kernel's rusage; the ratio of the medians is printed.
+Each round runs each command twice, alternating which goes first: as it starts now, and with
+Python's defaults (the baseline): the same code imported and called with nothing paused
+(`from gpt2.train.__main__ import main`) and, for the preflight and the flow-run process, no freeze
+at exit (the trainer's baseline keeps the one it had before the collector was paused). The trainer
+trains the smoke preset 2 steps on a root prepared once, fresh each time; the preflight is the
+training flow's (`--steps 2`) with `--synthetic`; the flow-run process stands in as what it imports
+before its flow runs (Prefect's engine, the training flow, MLflow), its flow not run. CPU is each
+process's, from the kernel's rusage; the ratio of the medians is printed.
 """
 
 from __future__ import annotations
@@ -25,14 +28,18 @@ import tempfile
 import time
 from pathlib import Path
 
-# Each entry point's `if __name__ == "__main__":` block without its `collector.pause()`: the same code,
-# the same end (the trainer freezes its heap before it exits, as gpt2/train/__main__.py does).
-BASELINE = {"gpt2.train": "import gc, sys; from gpt2.train.__main__ import main; c = main(); gc.freeze(); sys.exit(c)",
-            "gpt2.preflight": "import sys; from gpt2.preflight.__main__ import main; sys.exit(main())"}
+# Each command as it starts now, and its baseline with Python's defaults.
+NOW = {"gpt2.train": ["-m", "gpt2.train"], "gpt2.preflight": ["-m", "gpt2.preflight"],
+       "flow-run": ["-c", "import prefect.engine, flows.train, mlflow"]}
+BASELINE = {"gpt2.train": ["-c", ("import gc, sys; from gpt2.train.__main__ import main; c = main(); gc.freeze(); "
+                                  "sys.exit(c)")],
+            "gpt2.preflight": ["-c", "import sys; from gpt2.preflight.__main__ import main; sys.exit(main())"],
+            "flow-run": ["-c", ("import atexit, gc, flows; atexit.unregister(gc.freeze); "
+                                "import prefect.engine, flows.train, mlflow")]}
 
 
-def _run(module: str, args: list[str], paused: bool) -> tuple[float, float]:
-    cmd = [sys.executable, "-m", module] if paused else [sys.executable, "-c", BASELINE[module]]
+def _run(module: str, args: list[str], now: bool) -> tuple[float, float]:
+    cmd = [sys.executable, *(NOW if now else BASELINE)[module]]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd + args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -62,19 +69,20 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = _config(Path(tmp))
         commands = {"trainer": ("gpt2.train", ["--config", str(run), "--fresh"]),
-                    "preflight": ("gpt2.preflight", ["--config", str(run), "--synthetic", "--steps", "2", "--json"])}
+                    "preflight": ("gpt2.preflight", ["--config", str(run), "--synthetic", "--steps", "2", "--json"]),
+                    "flow-run process": ("flow-run", [])}
         runs: dict[str, dict[bool, list[tuple[float, float]]]] = {name: {True: [], False: []} for name in commands}
         for i in range(args.rounds):
             for name, (module, cmd_args) in commands.items():
-                for paused in ([True, False] if i % 2 == 0 else [False, True]):
-                    runs[name][paused].append(_run(module, cmd_args, paused))
+                for now in ([True, False] if i % 2 == 0 else [False, True]):
+                    runs[name][now].append(_run(module, cmd_args, now))
     result = {}
     for name, by in runs.items():
-        paused, default = ({"cpu_s": round(statistics.median(c for c, _ in r), 2),
-                            "wall_s": round(statistics.median(w for _, w in r), 2)} for r in (by[True], by[False]))
-        result[name] = {"paused start": paused, "collector as default (baseline)": default,
-                        "cpu_ratio": round(paused["cpu_s"] / default["cpu_s"], 2),
-                        "wall_ratio": round(paused["wall_s"] / default["wall_s"], 2)}
+        now, default = ({"cpu_s": round(statistics.median(c for c, _ in r), 2),
+                         "wall_s": round(statistics.median(w for _, w in r), 2)} for r in (by[True], by[False]))
+        result[name] = {"now": now, "python's defaults (baseline)": default,
+                        "cpu_ratio": round(now["cpu_s"] / default["cpu_s"], 2),
+                        "wall_ratio": round(now["wall_s"] / default["wall_s"], 2)}
     print(json.dumps(result))
 
 

@@ -15,6 +15,7 @@ per GPU, as `gpt2 train` does. It needs only what the trainer core needs
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -158,4 +159,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     collector.pause()  # its imports without full collections (gpt2.process.collector), until main() has them
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # what it imported goes with the process: no final collection over it (as the trainer's)
+    sys.exit(code)
