@@ -15,7 +15,6 @@ per GPU, as `gpt2 train` does. It needs only what the trainer core needs
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -159,6 +158,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     collector.pause()  # its imports without full collections (gpt2.process.collector), until main() has them
-    code = main()
-    gc.freeze()  # what it imported goes with the process: no final collection over it (as the trainer's)
-    sys.exit(code)
+    collector.freeze_at_exit()
+    sys.exit(main())
