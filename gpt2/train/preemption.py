@@ -39,13 +39,19 @@ class SigtermGuard:
         self._previous_int = None
 
     def __call__(self, signum, frame) -> None:
+        # A terminal's Ctrl-C reaches the trainer and its launcher, which hands it on as SIGTERM: the
+        # same stop, said once, in either order (a trainer busy in a long C call runs both handlers
+        # together, and the launcher's SIGTERM can be first). The Ctrl-C is what the user did, so it
+        # names the stop whenever it comes.
         if signum == signal.SIGINT:
-            log.warning("Ctrl-C: finishing this step, then writing a checkpoint (Ctrl-C again stops at once, "
-                        "losing the steps since the last checkpoint)")
+            if not self.requested:
+                log.warning("Ctrl-C: finishing this step, then writing a checkpoint (Ctrl-C again stops at "
+                            "once, losing the steps since the last checkpoint)")
             signal.signal(signal.SIGINT, self._previous_int)  # the second one is not held back
-        elif not self.requested:  # after a Ctrl-C, the launcher's SIGTERM hands on the same stop: said once
+        elif not self.requested:
             log.warning("SIGTERM received: finishing this step, then writing a checkpoint")
-        self.requested, self.signal = True, self.signal or signum
+        self.requested = True
+        self.signal = signal.SIGINT if signum == signal.SIGINT else self.signal or signum
         if self._on_signal is not None:
             self._on_signal()
 

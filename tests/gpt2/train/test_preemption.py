@@ -93,6 +93,18 @@ def test_the_launchers_sigterm_after_a_ctrl_c_is_the_same_stop_said_once(caplog,
         os.kill(os.getpid(), signal.SIGTERM)
     said = [r.getMessage() for r in caplog.records if r.name == "gpt2.train.preemption"]
     assert len(said) == 1 and said[0].startswith("Ctrl-C: finishing this step") and guard.why == "Ctrl-C"
+    # The other order: the launcher's SIGTERM first (both pending while the trainer was in a long C
+    # call; seen end to end): still one line, the stop still the Ctrl-C's, a second Ctrl-C at once.
+    caplog.clear()
+    echoed = SigtermGuard(interrupts=True)
+    with caplog.at_level(logging.WARNING, logger="gpt2.train.preemption"), echoed.installed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert echoed.requested and echoed.why == "Ctrl-C"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    said = [r.getMessage() for r in caplog.records if r.name == "gpt2.train.preemption"]
+    assert len(said) == 1 and "finishing this step" in said[0], said
     lone = SigtermGuard()
     with caplog.at_level(logging.WARNING, logger="gpt2.train.preemption"), lone.installed():
         os.kill(os.getpid(), signal.SIGTERM)  # a SIGTERM of its own is still said
