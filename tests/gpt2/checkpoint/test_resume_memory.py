@@ -61,13 +61,16 @@ def _rank(rank: int, world: int, port: int, root: str, url: str, out: str) -> No
         tracemalloc.start()
         state = rank_state(url, entries, optimizer, env)
         peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
         owned = owned_indices(optimizer)
         whole = store.load_checkpoint(url).optimizer  # to compare with: the merged shares
         same = all(torch.equal(state["state"][i][k], v) for i in owned for k, v in whole["state"][i].items())
         load_state(optimizer, state)  # and the optimizer takes it
         kept = sum(t.nbytes for i in state["state"] for t in state["state"][i].values() if t.dim() > 0)
         owned_bytes = sum(t.nbytes for i in owned for t in whole["state"][i].values() if t.dim() > 0)
+    # Stopped once the process group (and gloo's threads) is gone: CPython 3.11's tracemalloc.stop()
+    # frees its traceback buffer under a thread that is inside its allocation hook (gloo's run loop
+    # taking the GIL for a callback), which then writes through NULL: seen once as a rank's SIGSEGV.
+    tracemalloc.stop()
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump({"peak": peak, "indices": sorted(state["state"]), "owned": sorted(owned), "same": same,
                    "kept": kept, "owned_bytes": owned_bytes}, f)
