@@ -15,16 +15,25 @@ POOLS = {"cpu": True, "gpu-spot": False, "gpu-sky": True, "gpu": True}
 
 
 @pytest.fixture(scope="session")
-def shared_stack(tmp_path_factory):
+def shared_stack(tmp_path_factory, warm_interpreter):
     """`gpt2 stack up` once per pytest worker (a Prefect server, an MLflow server, a worker per
     pool, the automations), started at the first module that asks and stopped with the session:
     a stack's start and stop cost about a minute, and the modules on one worker run one after
     another, so they never see each other's runs in flight. Each module leaves the stack as it
-    found it (a paused pool resumed, a pool's template restored, a restarted server back)."""
+    found it (a paused pool resumed, a pool's template restored, a restarted server back).
+
+    Started from the warm interpreter (tests/warm_python): the stack's workers, the flow-run
+    processes they start, and those runs' preflights and trainers are forked with torch and
+    MLflow imported (each still a process of its own, its signals and exit code its own; a test
+    that signals one finds it with `tests.warm_python.behind`); its servers start as users'
+    do. The cold start of each of those processes is the first pipeline's in
+    tests/docs/test_getting_started.py (`gpt2 run` as written), the fault soak's stack
+    (tests/bench/soak) and `gpt2 stack up` in a fresh home (tests/cli/stack/test_services.py)."""
     base = tmp_path_factory.mktemp("shared-stack")
     env = clean_env(base / "home")
+    python = warm_interpreter.executable if warm_interpreter is not None else None
     info = last_json(gpt2(env, base, "stack", "up", "--root", str(base / "root"), "--gpu-pools", GPU_POOLS,
-                          "--no-worker", "gpu-spot", "--json"))
+                          "--no-worker", "gpu-spot", "--json", python=python))
     assert info["healthy"], info
     assert info["pools"] == POOLS, info["pools"]
     yield {**info, "env": env}

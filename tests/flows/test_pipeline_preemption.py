@@ -87,6 +87,8 @@ def test_sigterm_to_data_then_training_reschedules_each_and_training_resumes_fro
     sigterm_while_running(stack, data)
     train = child(stack, parent_id, "gpt2-train/train", timeout=PIPELINE_TIMEOUT_S)
     proc = flow_run_process(stack, str(train.id), timeout=PIPELINE_TIMEOUT_S)
+    with client(stack) as c:
+        first_attempt = c.read_flow_run(train.id).infrastructure_pid
     run_dir = storage.local_path(layout_run_dir(config))
     deadline = time.monotonic() + PIPELINE_TIMEOUT_S
     while not (run_dir / "lease").exists():  # training has started (its lease is taken)
@@ -99,7 +101,7 @@ def test_sigterm_to_data_then_training_reschedules_each_and_training_resumes_fro
     assert stopped_at is not None and stopped_at < config.train.max_steps, "no SIGTERM checkpoint"
 
     # The parent's own machine goes away while the rescheduled training runs.
-    _next_attempt_running(stack, train.id, proc.pid)
+    _next_attempt_running(stack, train.id, first_attempt)
     os.kill(flow_run_process(stack, parent_id, timeout=60).pid, signal.SIGKILL)
     parent = wait_settled(stack, parent_id)
     assert_completed(stack, parent, "the pipeline after a SIGTERM to each stage and its own process's death")
@@ -181,14 +183,14 @@ def _execute_sigterm_then_resume(stack, config, run) -> None:
     assert storage.read_json(results_url(config, str(run.id)))["resumed_from_step"] == stopped_at, out[-3000:]
 
 
-def _next_attempt_running(stack, run_id, killed_pid: int) -> None:
-    """Until the run's next attempt runs in a process other than the one that was stopped."""
+def _next_attempt_running(stack, run_id, stopped: str) -> None:
+    """Until the run's next attempt runs in a process other than `stopped` (the infrastructure pid
+    the server recorded for the attempt that was stopped)."""
     deadline = time.monotonic() + PIPELINE_TIMEOUT_S
     while True:
         with client(stack) as c:
             run = c.read_flow_run(run_id)
-        pid = run.infrastructure_pid and int(run.infrastructure_pid.rsplit(":", 1)[-1])
-        if run.state.is_running() and pid and pid != killed_pid:
+        if run.state.is_running() and run.infrastructure_pid and run.infrastructure_pid != stopped:
             return
         assert not run.state.is_completed() and time.monotonic() < deadline, (
             f"the training run was {run.state.name} before its next attempt could be seen running")

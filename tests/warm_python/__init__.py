@@ -30,8 +30,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 # Modules the proxy hands to a server: the trainer, torchrun, a node of a
-# multi-node run, and the CLI.
-MODULES = ["gpt2.train", "torch.distributed.run", "gpt2.launch.node", "cli.main"]
+# multi-node run, the preflight and the CLI; and, for the end-to-end tier's
+# shared stacks (tests/flows/conftest.py), a Prefect worker (`-m prefect worker
+# ...`: a module with the first argument it must have), the supervisor of each
+# flow run it starts and the engine that runs the flow. Prefect itself is not
+# preloaded (its settings are read at import): those children import it, and
+# find torch and MLflow imported.
+MODULES = ["gpt2.train", "torch.distributed.run", "gpt2.launch.node", "gpt2.preflight", "cli.main",
+           "prefect worker", "prefect.runner._workspace_supervisor", "prefect.engine"]
 
 
 class WarmPython:
@@ -154,6 +160,28 @@ def _started(pid: int) -> str:
     if fields[0] in ("Z", "X"):
         raise ProcessLookupError(pid)
     return fields[19]
+
+
+def behind(pid: int, timeout: float = 60) -> int:
+    """The process a running warm proxy `pid` stands for (its forked child), or
+    `pid` itself where it is not a proxy: for a process found by pid rather
+    than started here (a flow-run process a stack's worker started)."""
+    import time
+
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    if len(argv) < 3 or argv[1] != "-IS" or not (Path(argv[2]).parent / "warm.json").exists():
+        return pid
+    record = Path(argv[2]).parent / "children" / str(pid)
+    started = _stat(pid)[19]
+    deadline = time.monotonic() + timeout
+    while True:
+        child, _, of = (record.read_text() if record.exists() else "").partition(" ")
+        if of == started:
+            return int(child)
+        if _stat(pid)[0] in ("Z", "X") or time.monotonic() > deadline:
+            raise AssertionError(f"no process behind the warm proxy {pid}")
+        time.sleep(0.01)
 
 
 def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:

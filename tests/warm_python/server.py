@@ -41,7 +41,7 @@ PRELOAD = [
     "mlflow", "mlflow.store.tracking.sqlalchemy_store", "mlflow.tracking",
     "matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg",
     "gpt2.train.run", "gpt2.train.loop", "gpt2.tracking", "gpt2.launch.torchrun",
-    "gpt2.launch.node", "gpt2.tokenizer",
+    "gpt2.launch.node", "gpt2.tokenizer", "gpt2.preflight.run",
 ]
 
 

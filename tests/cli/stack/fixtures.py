@@ -15,9 +15,10 @@ def clean_env(home: Path) -> dict[str, str]:
     return isolated_env(home)
 
 
-def gpt2(env: dict[str, str], cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+def gpt2(env: dict[str, str], cwd: Path, *args: str, check: bool = True,
+         python: str | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([python or sys.executable, "-m", "cli.main", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
     if check and done.returncode != 0:
         raise AssertionError(f"gpt2 {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
