@@ -124,7 +124,11 @@ def serve(path: str) -> tuple[dict, list[int], socket.socket]:
                     _kill(pid)
             else:  # the proxy went away before its child: take the child with it, at once
                 pid = next(p for p, c in children.items() if c is conn)
-                if not conn.recv(16):
+                try:
+                    gone = not conn.recv(16)
+                except OSError:  # reset: a proxy killed with our reply unread (seen once: it took the server down)
+                    gone = True
+                if gone:
                     _kill(pid)
                     os.waitpid(pid, 0)
                     children.pop(pid).close()
