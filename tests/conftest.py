@@ -153,10 +153,10 @@ def warm_interpreter(request, tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def warm_python(request):
     """The quick tier's processes start from the warm interpreter:
-    `sys.executable` is its proxy for the whole session. The end-to-end tier
-    starts its stacks' processes as users' are; only its modules of
-    multi-process scenarios (marked `warm`) are warm, for their duration
-    (`warm_module`)."""
+    `sys.executable` is its proxy for the whole session. In the end-to-end tier
+    only its modules of multi-process scenarios (marked `warm`) are warm, for
+    their duration (`warm_module`), and the shared stacks' processes
+    (tests/flows/conftest.py); the rest start as users' do."""
     warm = None if _e2e_session(request.config) else request.getfixturevalue("warm_interpreter")
     if warm is None:
         yield None

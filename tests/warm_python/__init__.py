@@ -13,9 +13,11 @@ A test that signals or names the trainer itself (SIGSTOP, the pid a lease
 names) asks `running_pid(proc)` for the process behind a proxy; tests where
 the interpreter itself is the point (the tree of processes under a parent)
 take the `fresh_python` fixture, which puts the real interpreter back for
-them. The end-to-end tier starts its stacks' processes as users' are, cold;
-its multi-process scenarios (marked `warm`) keep the warm interpreter
-(tests/conftest.py::warm_module).
+them. The end-to-end tier keeps the warm interpreter for its multi-process
+scenarios (marked `warm`, tests/conftest.py::warm_module) and its shared
+stacks' workers, flow runs and trainers (tests/flows/conftest.py); the rest
+of its processes (the fault soak's stack, the quick start as written, the
+Ctrl-C scenarios) start as users' do, cold.
 """
 
 from __future__ import annotations
