@@ -168,39 +168,36 @@ def behind(pid: int, timeout: float = 60) -> int:
     """The process a running warm proxy `pid` stands for (its forked child), or
     `pid` itself where it is not a proxy: for a process found by pid rather
     than started here (a flow-run process a stack's worker started)."""
-    import time
-
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read().decode().split("\0")
     if len(argv) < 3 or argv[1] != "-IS" or not (Path(argv[2]).parent / "warm.json").exists():
         return pid
-    record = Path(argv[2]).parent / "children" / str(pid)
-    started = _stat(pid)[19]
-    deadline = time.monotonic() + timeout
-    while True:
-        child, _, of = (record.read_text() if record.exists() else "").partition(" ")
-        if of == started:
-            return int(child)
-        if _stat(pid)[0] in ("Z", "X") or time.monotonic() > deadline:
-            raise AssertionError(f"no process behind the warm proxy {pid}")
-        time.sleep(0.01)
+    return _recorded_child(Path(argv[2]).parent, pid, lambda: "ended" if _stat(pid)[0] in ("Z", "X") else None,
+                           timeout)
 
 
 def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
     """The pid of the process that runs what `proc` was started for: `proc`'s
     own with the real interpreter, the forked child a proxy stands for under a
     warm one (recorded by the proxy once the server forked it)."""
-    import time
-
-    record = Path(sys.executable).parent / "children" / str(proc.pid)
     if not (Path(sys.executable).parent / "warm.json").exists():
         return proc.pid
-    started = _stat(proc.pid)[19]  # (a proxy that has ended unreaped still has its start time)
+    return _recorded_child(Path(sys.executable).parent, proc.pid,
+                           lambda: None if proc.poll() is None else f"exit {proc.poll()}", timeout)
+
+
+def _recorded_child(directory: Path, pid: int, ended, timeout: float) -> int:
+    """The child the proxy `pid` of the warm interpreter in `directory` recorded, waiting for the
+    record until `ended()` says how the proxy ended, or `timeout`."""
+    import time
+
+    record = directory / "children" / str(pid)
+    started = _stat(pid)[19]  # (a proxy that has ended unreaped still has its start time)
     deadline = time.monotonic() + timeout
     while True:
         child, _, of = (record.read_text() if record.exists() else "").partition(" ")
         if of == started:  # this proxy's record, not one left by an earlier holder of its pid
             return int(child)
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"no process behind the warm proxy {proc.pid} (exit {proc.poll()})")
+        if (how := ended()) or time.monotonic() > deadline:
+            raise AssertionError(f"no process behind the warm proxy {pid} ({how or 'timed out'})")
         time.sleep(0.01)
