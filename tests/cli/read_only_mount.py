@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.warm_python import real_python
 
 MOUNT = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
 NO_SERVER = "http://127.0.0.1:9/api"  # nothing listens: a command that asked Prefect anything would fail
@@ -35,11 +36,11 @@ def sets(overrides: dict) -> list[str]:
 
 
 def gpt2_read_only(root: Path, *args: str) -> subprocess.CompletedProcess:
-    """`gpt2 <args>` with `root` mounted read-only at its own path (a fresh
-    interpreter: the warm one's children live outside the namespace)."""
+    """`gpt2 <args>` with `root` mounted read-only at its own path, in the real interpreter (the
+    warm one's children live outside the namespace), while the test's own runs stay warm."""
     env = {**os.environ, "PREFECT_API_URL": NO_SERVER}
     cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", MOUNT, str(root),
-           sys.executable, "-m", "cli.main", *args]
+           real_python(), "-m", "cli.main", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -19,7 +19,7 @@ pytestmark = needs_mount
 
 
 @pytest.mark.parametrize("command", ["run", "train"])  # the pipeline, and train's own checks before its flow
-def test_an_empty_read_only_root_is_refused_in_one_line_before_any_server(command, tmp_path, fresh_python):
+def test_an_empty_read_only_root_is_refused_in_one_line_before_any_server(command, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     done = gpt2_read_only(root, command, "--preset", "smoke", "--root", str(root),
@@ -34,8 +34,7 @@ def test_an_empty_read_only_root_is_refused_in_one_line_before_any_server(comman
     assert not (tmp_path / "work" / "prefect.db").exists()  # no temporary server was started
 
 
-def test_a_finished_training_run_is_answered_from_a_read_only_root_without_a_lease(tmp_path, prefect_server,
-                                                                                    fresh_python):
+def test_a_finished_training_run_is_answered_from_a_read_only_root_without_a_lease(tmp_path, prefect_server):
     from flows.train import train_flow
 
     root = tmp_path / "root"

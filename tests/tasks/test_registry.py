@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from gpt2.export.hf import write_hf_dir
 from gpt2.model import GPT
-from gpt2.tracking.store import default_tracking_uri
+from gpt2.tracking.store import default_tracking_uri, prepare_sqlite
 from gpt2.tracking.tracker import Tracker
 from tasks.registry import EXPORT_TAG, register_hf_model
 from tests.gpt2.train.fixtures import tiny_config
@@ -24,7 +24,11 @@ def hf_dir(config, path, seed: int):
 @pytest.fixture
 def setup(tmp_path):
     config = tiny_config(tmp_path)
-    return config, MlflowClient(default_tracking_uri(config)), hf_dir(config, tmp_path / "a", 0)
+    # The store as the first Tracker would make it (a migrated copy): a client opened on a missing
+    # one would run MLflow's whole chain of migrations, ~3 s of CPU a test.
+    uri = default_tracking_uri(config)
+    prepare_sqlite(uri)
+    return config, MlflowClient(uri), hf_dir(config, tmp_path / "a", 0)
 
 
 def register(config, path, export_id: str, alias: str | None = "current") -> tuple[int, str]:

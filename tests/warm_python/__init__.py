@@ -145,6 +145,16 @@ class WarmPython:
             time.sleep(0.2)
 
 
+def real_python() -> str:
+    """The interpreter behind `sys.executable`: the real one where a proxy stands there (its
+    settings beside it name it), else `sys.executable` itself. For a process that must start
+    where the warm servers' children cannot go (a mount namespace of its own)."""
+    settings = Path(sys.executable).with_name("warm.json")
+    if settings.exists():
+        return json.loads(settings.read_text())["python"]
+    return sys.executable
+
+
 def _stat(pid: int) -> list[str]:
     """/proc/PID/stat's fields after the command name: [0] the state, [19] the
     start time (clock ticks since boot), which with the pid names one process for good."""
