@@ -43,15 +43,17 @@ class SigtermGuard:
         # same stop, said once, in either order (a trainer busy in a long C call runs both handlers
         # together, and the launcher's SIGTERM can be first). The Ctrl-C is what the user did, so it
         # names the stop whenever it comes.
+        # Marked before anything is said: the other signal's handler can run inside this one, while
+        # it logs (Python runs a pending handler between any two bytecodes; seen end to end).
+        first, self.requested = not self.requested, True
+        self.signal = signal.SIGINT if signum == signal.SIGINT else self.signal or signum
         if signum == signal.SIGINT:
-            if not self.requested:
+            signal.signal(signal.SIGINT, self._previous_int)  # the second one is not held back
+            if first:
                 log.warning("Ctrl-C: finishing this step, then writing a checkpoint (Ctrl-C again stops at "
                             "once, losing the steps since the last checkpoint)")
-            signal.signal(signal.SIGINT, self._previous_int)  # the second one is not held back
-        elif not self.requested:
+        elif first:
             log.warning("SIGTERM received: finishing this step, then writing a checkpoint")
-        self.requested = True
-        self.signal = signal.SIGINT if signum == signal.SIGINT else self.signal or signum
         if self._on_signal is not None:
             self._on_signal()
 

@@ -105,6 +105,28 @@ def test_the_launchers_sigterm_after_a_ctrl_c_is_the_same_stop_said_once(caplog,
             os.kill(os.getpid(), signal.SIGINT)
     said = [r.getMessage() for r in caplog.records if r.name == "gpt2.train.preemption"]
     assert len(said) == 1 and "finishing this step" in said[0], said
+    # The Ctrl-C's handler run inside the SIGTERM's, while that one logs (seen end to end: both lines,
+    # the same millisecond): still one line, the stop the Ctrl-C's, a second Ctrl-C at once.
+    caplog.clear()
+    nested = SigtermGuard(interrupts=True)
+
+    class CtrlCWhileSaying(logging.Handler):
+        def emit(self, record) -> None:
+            if record.getMessage().startswith("SIGTERM received"):
+                os.kill(os.getpid(), signal.SIGINT)  # its handler runs before this one returns
+
+    during = CtrlCWhileSaying()
+    logging.getLogger("gpt2.train.preemption").addHandler(during)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpt2.train.preemption"), nested.installed():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert nested.requested and nested.why == "Ctrl-C"
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        logging.getLogger("gpt2.train.preemption").removeHandler(during)
+    said = [r.getMessage() for r in caplog.records if r.name == "gpt2.train.preemption"]
+    assert len(said) == 1 and "finishing this step" in said[0], said
     lone = SigtermGuard()
     with caplog.at_level(logging.WARNING, logger="gpt2.train.preemption"), lone.installed():
         os.kill(os.getpid(), signal.SIGTERM)  # a SIGTERM of its own is still said
