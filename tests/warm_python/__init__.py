@@ -149,10 +149,14 @@ def real_python() -> str:
     """The interpreter behind `sys.executable`: the real one where a proxy stands there (its
     settings beside it name it), else `sys.executable` itself. For a process that must start
     where the warm servers' children cannot go (a mount namespace of its own)."""
-    settings = Path(sys.executable).with_name("warm.json")
-    if settings.exists():
-        return json.loads(settings.read_text())["python"]
-    return sys.executable
+    directory = _warm_dir(sys.executable)
+    return json.loads((directory / "warm.json").read_text())["python"] if directory else sys.executable
+
+
+def _warm_dir(proxy: str) -> Path | None:
+    """The warm interpreter's directory where `proxy` is its proxy (its settings beside it), else None."""
+    directory = Path(proxy).parent
+    return directory if (directory / "warm.json").exists() else None
 
 
 def _stat(pid: int) -> list[str]:
@@ -180,9 +184,10 @@ def behind(pid: int, timeout: float = 60) -> int:
     than started here (a flow-run process a stack's worker started)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read().decode().split("\0")
-    if len(argv) < 3 or argv[1] != "-IS" or not (Path(argv[2]).parent / "warm.json").exists():
+    directory = _warm_dir(argv[2]) if len(argv) >= 3 and argv[1] == "-IS" else None
+    if directory is None:
         return pid
-    return _recorded_child(Path(argv[2]).parent, pid, lambda: "ended" if _stat(pid)[0] in ("Z", "X") else None,
+    return _recorded_child(directory, pid, lambda: "ended" if _stat(pid)[0] in ("Z", "X") else None,
                            timeout)
 
 
@@ -190,9 +195,10 @@ def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
     """The pid of the process that runs what `proc` was started for: `proc`'s
     own with the real interpreter, the forked child a proxy stands for under a
     warm one (recorded by the proxy once the server forked it)."""
-    if not (Path(sys.executable).parent / "warm.json").exists():
+    directory = _warm_dir(sys.executable)
+    if directory is None:
         return proc.pid
-    return _recorded_child(Path(sys.executable).parent, proc.pid,
+    return _recorded_child(directory, proc.pid,
                            lambda: None if proc.poll() is None else f"exit {proc.poll()}", timeout)
 
 
