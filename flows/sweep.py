@@ -43,6 +43,7 @@ from gpt2.sweep.table import describe, mark_best, member_bill, member_row, sweep
 from gpt2.tracking.experiment import children_link, ui_link
 from gpt2.tracking.tracker import Tracker
 from gpt2.train import bill as bills
+from tasks.tracking import nest_late
 
 PIPELINE_DEPLOYMENT = "gpt2/full-pipeline"
 TRAIN_DEPLOYMENT = DEPLOYMENTS["train"]
@@ -146,13 +147,16 @@ def report_members(parent: Tracker, experiment: str, rows: list[dict]) -> None:
 
 
 def run_data_groups(groups: list[DataGroup], preset: str, overrides: dict[str, Any],
-                    parent_run_id: str | None) -> tuple[list[dict], dict[int, str]]:
+                    parent: Tracker) -> tuple[list[dict], dict[int, str]]:
     """Each group's data stage, once: what each did, and the members whose data failed (with why)."""
     data, failed = [], {}
     for group in groups:
         entry = {"manifest": group.manifest, "members": [m.index for m in group.members]}
         try:
-            entry["cached"] = bool(run_data(group, preset, overrides, parent_run_id).get("cached"))
+            under = parent.run_id
+            result = run_data(group, preset, overrides, under)
+            nest_late(parent, under, result)
+            entry["cached"] = bool(result.get("cached"))
         except Exception as err:  # noqa: BLE001 - its members fail, the other groups' go on
             entry["error"] = _one_line(err)
             failed.update({m.index: f"data stage: {entry['error']}" for m in group.members})
@@ -189,10 +193,16 @@ def sweep_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None,
     with parent_tracker(config, preset, kind="sweep") as parent:
         parent.log_params({"sweep.members": len(crew), "sweep.keys": sorted({k for s in sets for k in s}),
                            **{f"sweep.member_{m.index}": m.label for m in crew}})
-        data, failed_data = run_data_groups(groups, preset, overrides, parent.run_id)
+        data, failed_data = run_data_groups(groups, preset, overrides, parent)
         run_one = run_member_deployed if deployment.id else run_member_here
-        outcomes = run_members(crew, failed_data, parallelism(crew),
-                               lambda m: run_one(m, preset, overrides, parent.run_id))
+
+        def run_nested(member: Member) -> dict:
+            under = parent.run_id
+            result = run_one(member, preset, overrides, under)
+            nest_late(parent, under, result)
+            return result
+
+        outcomes = run_members(crew, failed_data, parallelism(crew), run_nested)
         rows = [member_row(m, result, error, member_bill(m)) for m, (result, error) in zip(crew, outcomes)]
         summary = track_outcome(parent, rows)
         summary["data"] = data

@@ -71,6 +71,15 @@ def stage_run(config: Config, name: str, stage: str, parent_run_id: str | None =
                    tags={"stage": stage, **own, **(tags or {})}, reopen_match=match)
 
 
+def nest_late(parent: Tracker, started_under: str | None, result: dict) -> None:
+    """A stage (or a sweep's member) started before `parent`'s MLflow run existed
+    (`started_under` None: MLflow slow or away at the start) opened its run without a
+    parent: nest it now (sent once the parent's run exists). A cached stage answers
+    with an earlier pipeline's run, which stays under that pipeline."""
+    if started_under is None and not result.get("cached"):
+        parent.adopt(result.get("mlflow_run_id"))
+
+
 def _runs_of(name: str, stage: str, more: str) -> str | None:
     """An MLflow filter for the runs of `stage` named `name` that also match
     `more`; None for a name a filter cannot quote (then nothing is looked up)."""

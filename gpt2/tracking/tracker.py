@@ -140,6 +140,14 @@ class Tracker:
         pairs = {k: str(v) for k, v in tags.items()}
         self._queue(f"{len(pairs)} tags", lambda c: self._send_tags(c, pairs))
 
+    def adopt(self, run_id: str | None) -> None:
+        """Nest the run `run_id` under this one where it has no parent yet. A stage
+        started before this run existed in MLflow (MLflow slow to answer or away
+        when the pipeline began) opened its own run without a parent; queued here,
+        this is sent once this run exists. A run already nested stays where it is."""
+        if run_id:
+            self._queue(f"child run {run_id}", lambda c: self._send_adopt(c, run_id))
+
     def flush(self, timeout: float | None = None, give_up_on_outage: bool = False) -> bool:
         """Wait until everything queued is sent; False if still pending at
         `timeout` (or, with give_up_on_outage, once a fresh attempt failed)."""
@@ -234,6 +242,19 @@ class Tracker:
         fresh = [m for m in batch if m.step > self._logged_through.get(m.key, -1)]
         if fresh:
             client.log_batch(self.run_id, metrics=fresh)
+
+    def _send_adopt(self, client: Any, run_id: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            tags = client.get_run(run_id).data.tags
+        except MlflowException as err:  # deleted meanwhile: nothing to nest, and no outage to wait out
+            if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            log.warning("MLflow run %s not found at %s; not nested under %s", run_id, self.safe_uri, self.run_id)
+            return
+        if "mlflow.parentRunId" not in tags:
+            client.set_tag(run_id, "mlflow.parentRunId", self.run_id)
 
     def _send_tags(self, client: Any, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag

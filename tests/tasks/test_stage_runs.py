@@ -7,7 +7,8 @@ from prefect import flow
 
 from gpt2.checkpoint.ref import CheckpointRef
 from gpt2.tracking.store import default_tracking_uri
-from tasks.tracking import checkpoint_tags, stage_run
+from gpt2.tracking.tracker import Tracker
+from tasks.tracking import checkpoint_tags, nest_late, stage_run
 from tests.gpt2.train.fixtures import tiny_config
 
 REF = CheckpointRef(url="file:///r/runs/x-1/checkpoints/step_000060", step=60, model_sha256="ab" * 32)
@@ -69,3 +70,40 @@ def test_a_stage_run_started_again_by_its_flow_run_reopens_its_mlflow_run(tmp_pa
     assert [m.step for m in client.get_metric_history(run.info.run_id, "hellaswag/acc")] == [60]  # once
     assert len({first["again"], first["other checkpoint"], first["preflight 1"], first["preflight 2"]}) == 4
     assert second["crashed"] not in set(first.values())  # another flow run: a run of its own
+
+
+def test_a_stage_started_before_its_pipelines_run_existed_is_nested_once_it_does(tmp_path):
+    # MLflow slow or away when the pipeline began: the parent's run has no id yet
+    # when its first stage starts, so the stage opens its run without a parent
+    # (seen in the fault soak: "0 data runs under the pipeline run"). The store's
+    # directory is blocked by a plain file, exactly as when a volume is missing.
+    blocked = tmp_path / "tracking"
+    blocked.write_text("not a directory")
+    config = tiny_config(tmp_path, **{"tracking.uri": f"sqlite:///{blocked}/mlflow.db"})
+    parent = Tracker(config, "pipeline-x", tags={"stage": "pipeline"}, flush_interval_s=0.2, connect_timeout_s=1)
+    under = parent.run_id
+    assert under is None
+    blocked.unlink()
+    blocked.mkdir()
+    with stage_run(config, "data-x", "data", parent_run_id=under) as data:
+        pass
+    with stage_run(config, "train-old", "train") as orphan:  # an earlier pipeline's, answered from cache
+        pass
+    with stage_run(config, "pipeline-other", "pipeline") as other, \
+            stage_run(config, "eval-other", "evaluate", parent_run_id=other.run_id) as nested:
+        pass
+    nest_late(parent, under, {"mlflow_run_id": data.run_id})
+    nest_late(parent, under, {"mlflow_run_id": orphan.run_id, "cached": True})
+    nest_late(parent, under, {"mlflow_run_id": nested.run_id})  # already nested elsewhere: stays
+    nest_late(parent, "some-run", {"mlflow_run_id": orphan.run_id})  # started under a parent: nothing to do
+    nest_late(parent, under, {"mlflow_run_id": "0" * 32})  # deleted meanwhile: skipped, never blocks the rest
+    nest_late(parent, under, {"mlflow_run_id": None})  # a stage that never reached MLflow
+    parent.log_metrics({"stage_seconds/data": 1.0}, step=0)
+    parent.close()
+
+    client = MlflowClient(default_tracking_uri(config))
+    parent_of = {run: client.get_run(run).data.tags.get("mlflow.parentRunId")
+                 for run in (data.run_id, orphan.run_id, nested.run_id)}
+    assert parent_of == {data.run_id: parent.run_id, orphan.run_id: None, nested.run_id: other.run_id}
+    assert client.get_run(parent.run_id).data.metrics == {"stage_seconds/data": 1.0}
+    assert client.get_run(parent.run_id).info.status == "FINISHED"
