@@ -135,6 +135,29 @@ def test_a_signal_ends_the_child_and_the_proxy_ends_as_it_did(interpreters, sig)
     assert codes == {"warm": -sig, "fresh": -sig}
 
 
+def test_the_running_pid_of_a_proxy_that_fell_back_to_a_fresh_interpreter_is_its_own(interpreters):
+    """A proxy whose request the servers cannot serve (here code without WARM_PYTHON_C) execs the
+    real interpreter in its own process: that process is the one to signal, at once, not a record
+    waited for until the command ends (seen: a test's SIGKILL landed only after the command ended)."""
+    from tests.warm_python import behind, running_pid
+
+    env = {k: v for k, v in os.environ.items() if k != "WARM_PYTHON_C"}
+    proc = subprocess.Popen([interpreters["warm"], "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert int(proc.stdout.readline()) == proc.pid  # fresh: no forked child
+        assert running_pid(proc, timeout=30) == proc.pid and behind(proc.pid, timeout=30) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    warm = subprocess.Popen([interpreters["warm"], "-c", SLEEPER], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        child = int(warm.stdout.readline())
+        assert child != warm.pid and running_pid(warm) == child == behind(warm.pid)
+    finally:
+        warm.kill()
+        warm.wait()
+
+
 def test_descriptors_a_parent_passes_on_arrive_under_their_numbers(interpreters):
     for exe in interpreters.values():
         read, write = os.pipe()

@@ -182,13 +182,23 @@ def behind(pid: int, timeout: float = 60) -> int:
     """The process a running warm proxy `pid` stands for (its forked child), or
     `pid` itself where it is not a proxy: for a process found by pid rather
     than started here (a flow-run process a stack's worker started)."""
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        argv = f.read().decode().split("\0")
-    directory = _warm_dir(argv[2]) if len(argv) >= 3 and argv[1] == "-IS" else None
+    directory = _proxy_dir(pid)
     if directory is None:
         return pid
     return _recorded_child(directory, pid, lambda: "ended" if _stat(pid)[0] in ("Z", "X") else None,
                            timeout)
+
+
+def _proxy_dir(pid: int) -> Path | None:
+    """The warm interpreter's directory where `pid` runs its proxy; None where it runs anything
+    else, the real interpreter among them: a proxy that falls back to it (proxy.py's `fresh`, e.g.
+    for an environment the servers did not import under) execs it in its own process."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+    except FileNotFoundError:
+        return None
+    return _warm_dir(argv[2]) if len(argv) >= 3 and argv[1] == "-IS" else None
 
 
 def running_pid(proc: subprocess.Popen, timeout: float = 60) -> int:
@@ -216,4 +226,6 @@ def _recorded_child(directory: Path, pid: int, ended, timeout: float) -> int:
             return int(child)
         if (how := ended()) or time.monotonic() > deadline:
             raise AssertionError(f"no process behind the warm proxy {pid} ({how or 'timed out'})")
+        if _proxy_dir(pid) is None:  # it became the real interpreter: the process is its own
+            return pid
         time.sleep(0.01)
