@@ -1,7 +1,8 @@
 """The tier a test runs in (pyproject's markers): a multi-process scenario
-(several ranks, nodes or workers, a kill at an arbitrary point) runs in the
-end-to-end tier, from the warm interpreter as the quick tier's processes do
-(tests/conftest.py::warm_module), so the README's quick command stays quick."""
+(several ranks, nodes or workers, a kill at an arbitrary point, a command's
+pipeline or sweep) runs in the end-to-end tier, from the warm interpreter as the
+quick tier's processes do (tests/conftest.py::warm_module), so the README's
+quick command stays quick and the end-to-end tier pays each import once."""
 
 import pytest
 

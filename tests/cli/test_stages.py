@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from gpt2.root import storage
 from tests.gpt2.train.fixtures import TINY, tiny_config, write_dataset
+from tests.tiers import scenario
 
 KEYS = {"run_name", "checkpoint", "steps", "resumed_from_step", "final_train_loss", "final_val_loss",
         "tokens_per_second", "mlflow_run_id"}
@@ -82,7 +83,7 @@ def test_cli_json_result(tmp_path, prefect_server):
     assert storage.read_json(storage.join(result["checkpoint"], "state.json"))["val_loss"] == result["final_val_loss"]
 
 
-@pytest.mark.e2e  # two `gpt2 train` processes, each with its flow and trainer, through a SIGTERM
+@scenario  # two `gpt2 train` processes, each with its flow and trainer, through a SIGTERM; warm
 def test_sigterm_to_gpt2_train_checkpoints_and_exits_143_then_a_rerun_continues(tmp_path, prefect_server):
     import os
     import signal
@@ -155,8 +156,8 @@ def test_the_run_summary_rounds_its_figures_and_says_what_it_lacks(tmp_path, pre
     assert ("not the benchmark" in text) is (preset == "smoke")
 
 
-@pytest.mark.e2e  # the command's own process and Prefect's temporary server, as a user starts it
-def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdown(tmp_path):
+@pytest.mark.e2e  # the command's own process and Prefect's temporary server, as a user starts it (cold)
+def test_the_error_is_the_last_line_on_stderr_after_the_temporary_servers_shutdown(tmp_path, fresh_python):
     import os
     import subprocess
     import sys

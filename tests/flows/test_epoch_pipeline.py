@@ -15,9 +15,10 @@ from gpt2.config.overrides import resolve_config
 from gpt2.data.manifest import load_manifest
 from gpt2.root import layout
 from gpt2.tracking.store import default_tracking_uri
+from tests.tiers import scenario
 
 
-@pytest.mark.e2e  # the whole pipeline with an epoch-long run, then evaluate and export
+@scenario  # the whole pipeline with an epoch-long run, then evaluate and export; its trainer warm
 def test_one_epoch_of_the_prepared_split(prefect_server, tmp_path):
     root, work = tmp_path / "root", tmp_path / "work"
     # A small split (about 10 steps of 1,024 tokens) keeps the run short.

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.cli.stack.fixtures import clean_env
+from tests.tiers import SCENARIO
 
-pytestmark = pytest.mark.e2e
+pytestmark = SCENARIO  # its commands and trainers from the warm interpreter (tests/warm_python)
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_HF = {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 64}  # the smoke preset's model

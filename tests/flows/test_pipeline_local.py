@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.read_only_mount import can_mount_read_only, gpt2_read_only, sets, snapshot
+from tests.tiers import scenario
 
 FAKE = {
     "HF_TOKEN": "hf_FAKEfakeFAKEfakeFAKEfake12345678",
@@ -66,7 +67,7 @@ def planted_secrets(tmp_path, monkeypatch):
     return [*FAKE.values(), FAKE_KEY], key
 
 
-@pytest.mark.e2e  # the whole pipeline, every stage: end to end, in one process
+@scenario  # the whole pipeline, every stage: end to end, in one process (its trainer and preflight warm)
 def test_pipeline_in_process(prefect_server, tmp_path, planted_secrets):
     import mlflow
 

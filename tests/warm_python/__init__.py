@@ -14,10 +14,11 @@ names) asks `running_pid(proc)` for the process behind a proxy; tests where
 the interpreter itself is the point (the tree of processes under a parent)
 take the `fresh_python` fixture, which puts the real interpreter back for
 them. The end-to-end tier keeps the warm interpreter for its multi-process
-scenarios (marked `warm`, tests/conftest.py::warm_module) and its shared
-stacks' workers, flow runs and trainers (tests/flows/conftest.py); the rest
-of its processes (the fault soak's stack, the quick start as written, the
-Ctrl-C scenarios) start as users' do, cold.
+scenarios and the commands whose subject is what they do (marked `warm`,
+tests/conftest.py::warm_module) and its shared stacks' workers, flow runs and
+trainers (tests/flows/conftest.py); the rest of its processes (the fault
+soak's stack, the quick start as written, the Ctrl-C scenarios, `gpt2 stack`'s
+own tests) start as users' do, cold.
 """
 
 from __future__ import annotations
