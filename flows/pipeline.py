@@ -37,7 +37,7 @@ from gpt2.tracking.experiment import ui_link
 from gpt2.tracking.tracker import Tracker
 from gpt2.train import bill
 from gpt2.weights.init import with_resolved_init
-from tasks.tracking import nest_late, stage_run
+from tasks.tracking import run_under, stage_run
 
 STAGES = ("data", "train", "evaluate", "export")
 
@@ -196,9 +196,7 @@ def pipeline_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None
     with parent_tracker(config, preset, parent_run_id) as parent:
         for stage in STAGES:
             started = time.perf_counter()
-            under = parent.run_id
-            results[stage] = _run_stage(stage, config, params, under)
-            nest_late(parent, under, results[stage])
+            results[stage] = run_under(parent, lambda under: _run_stage(stage, config, params, under))
             took = seconds[stage] = time.perf_counter() - started
             logger.info("stage %s %s in %.1f s", stage, "cached" if results[stage].get("cached") else "done", took)
             parent.log_metrics({f"stage_seconds/{stage}": took}, step=0)

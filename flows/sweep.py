@@ -43,7 +43,7 @@ from gpt2.sweep.table import describe, mark_best, member_bill, member_row, sweep
 from gpt2.tracking.experiment import children_link, ui_link
 from gpt2.tracking.tracker import Tracker
 from gpt2.train import bill as bills
-from tasks.tracking import nest_late
+from tasks.tracking import run_under
 
 PIPELINE_DEPLOYMENT = "gpt2/full-pipeline"
 TRAIN_DEPLOYMENT = DEPLOYMENTS["train"]
@@ -153,9 +153,7 @@ def run_data_groups(groups: list[DataGroup], preset: str, overrides: dict[str, A
     for group in groups:
         entry = {"manifest": group.manifest, "members": [m.index for m in group.members]}
         try:
-            under = parent.run_id
-            result = run_data(group, preset, overrides, under)
-            nest_late(parent, under, result)
+            result = run_under(parent, lambda under: run_data(group, preset, overrides, under))
             entry["cached"] = bool(result.get("cached"))
         except Exception as err:  # noqa: BLE001 - its members fail, the other groups' go on
             entry["error"] = _one_line(err)
@@ -195,14 +193,8 @@ def sweep_flow(preset: str = "smoke", overrides: dict[str, Any] | None = None,
                            **{f"sweep.member_{m.index}": m.label for m in crew}})
         data, failed_data = run_data_groups(groups, preset, overrides, parent)
         run_one = run_member_deployed if deployment.id else run_member_here
-
-        def run_nested(member: Member) -> dict:
-            under = parent.run_id
-            result = run_one(member, preset, overrides, under)
-            nest_late(parent, under, result)
-            return result
-
-        outcomes = run_members(crew, failed_data, parallelism(crew), run_nested)
+        outcomes = run_members(crew, failed_data, parallelism(crew),
+                               lambda m: run_under(parent, lambda under: run_one(m, preset, overrides, under)))
         rows = [member_row(m, result, error, member_bill(m)) for m, (result, error) in zip(crew, outcomes)]
         summary = track_outcome(parent, rows)
         summary["data"] = data

@@ -13,7 +13,7 @@ import functools
 import logging
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit
 
 from gpt2.config.tree import Config
@@ -69,6 +69,15 @@ def stage_run(config: Config, name: str, stage: str, parent_run_id: str | None =
         match = _runs_of(name, stage, f"tags.`prefect.flow_run_id` = '{own['prefect.flow_run_id']}'")
     return Tracker(config, name, run_id=run_id, parent_run_id=parent_run_id,
                    tags={"stage": stage, **own, **(tags or {})}, reopen_match=match)
+
+
+def run_under(parent: Tracker, start: Callable[[str | None], dict]) -> dict:
+    """`start(parent_run_id)`: a stage (or a sweep's member) opened under `parent`'s MLflow
+    run, nested afterwards where that run had no id yet when it started (nest_late)."""
+    under = parent.run_id
+    result = start(under)
+    nest_late(parent, under, result)
+    return result
 
 
 def nest_late(parent: Tracker, started_under: str | None, result: dict) -> None:
