@@ -42,7 +42,10 @@ class StartupParts:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
+            self.add(name, time.perf_counter() - began)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def first_step(self, seconds: float, ended_at: float) -> None:
         """The first step took `seconds` and ended at `ended_at`: until a second
@@ -55,7 +58,7 @@ class StartupParts:
         if self.first is None or not compiling:
             return
         extra = max(0.0, self.first - seconds)
-        self.seconds["compile"] = self.seconds.get("compile", 0.0) + extra
+        self.add("compile", extra)
         self.seconds["first_step"] = self.first - extra
 
     def as_dict(self) -> dict[str, float]:
