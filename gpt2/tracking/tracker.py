@@ -87,7 +87,6 @@ class Tracker:
         self._outbox: Outbox | None = None
         self._spool: Path | None = None
         if enabled:
-            self._spool = Path(tempfile.mkdtemp(prefix="gpt2-tracking-"))
             self._outbox = Outbox(f"MLflow at {self.safe_uri}", self._connect, self._send_metrics,
                                   batch_size=MAX_METRICS_PER_BATCH, interval_s=flush_interval_s, fence=fence)
             self._outbox.wait_first_attempt(connect_timeout_s)  # so run_id is known up front when MLflow is up
@@ -128,6 +127,9 @@ class Tracker:
             return
         # Copied now: the caller may delete or rewrite the file before it is sent.
         src = Path(local_path)
+        # Made at the first artifact, not with the tracker: a trainer killed before
+        # it logs one (most of them) leaves no empty folder behind in the temp dir.
+        self._spool = self._spool or Path(tempfile.mkdtemp(prefix="gpt2-tracking-"))
         dst = Path(tempfile.mkdtemp(dir=self._spool)) / src.name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
         send = "log_artifacts" if src.is_dir() else "log_artifact"
@@ -171,7 +173,8 @@ class Tracker:
             points, records = self._outbox.pending()
             log.warning("MLflow at %s still unreachable: %d metrics and %d records were not sent",
                         self.safe_uri, points, records)
-        shutil.rmtree(self._spool, ignore_errors=True)
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
         self._outbox = None
 
     def __enter__(self) -> "Tracker":
