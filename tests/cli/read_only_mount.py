@@ -1,33 +1,57 @@
 """A command run with its artifact root read-only, the way the world makes
 one: a read-only bind mount of the same directory (EROFS), in a mount
 namespace of the command's own. A chmod would not do: the tests may run as
-root, who writes anyway."""
+root, who writes anyway.
+
+The command's process makes the namespace itself (unshare(2), mount(2)) and
+then runs `cli.main` as `python -m` would, so under the quick tier's warm
+interpreter it is forked with torch and MLflow imported (tests/warm_python):
+the mount is made in that process, after the fork, so it is inside."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.warm_python import real_python
-
-MOUNT = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+# argv: the directory to make read-only, then the module's arguments.
+IN_READ_ONLY_ROOT = """
+import ctypes, os, runpy, sys
+libc = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+def check(ok, what):
+    if ok != 0:
+        err = ctypes.get_errno()
+        sys.exit(f"read-only mount: {what}: {os.strerror(err)}")
+root = sys.argv[1].encode()
+check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")  # a mount namespace of this process's own
+check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")  # nothing leaks out
+check(libc.mount(root, root, None, MS_BIND, None), "bind")
+check(libc.mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None), "remount read-only")
+if len(sys.argv) > 2:
+    sys.argv = [sys.argv[2], *sys.argv[3:]]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 NO_SERVER = "http://127.0.0.1:9/api"  # nothing listens: a command that asked Prefect anything would fail
 
 
 def can_mount_read_only() -> bool:
-    if not shutil.which("unshare"):
-        return False
-    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", MOUNT, "/tmp", "true"],
-                          capture_output=True)
+    """Root in a mount namespace of its own (a plain interpreter: no imports)."""
+    done = subprocess.run([_real_python(), "-c", IN_READ_ONLY_ROOT, "/tmp"], capture_output=True)
     return done.returncode == 0
 
 
+def _real_python() -> str:
+    from tests.warm_python import real_python
+
+    return real_python()
+
+
 needs_mount = pytest.mark.skipif(not can_mount_read_only(),
-                                 reason="needs `unshare -m` and mount (root in a mount namespace)")
+                                 reason="needs unshare(2) and mount(2) (root in a mount namespace)")
 
 
 def sets(overrides: dict) -> list[str]:
@@ -36,11 +60,10 @@ def sets(overrides: dict) -> list[str]:
 
 
 def gpt2_read_only(root: Path, *args: str) -> subprocess.CompletedProcess:
-    """`gpt2 <args>` with `root` mounted read-only at its own path, in the real interpreter (the
-    warm one's children live outside the namespace), while the test's own runs stay warm."""
-    env = {**os.environ, "PREFECT_API_URL": NO_SERVER}
-    cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c", MOUNT, str(root),
-           real_python(), "-m", "cli.main", *args]
+    """`gpt2 <args>` with `root` mounted read-only at its own path (`sys.executable`: the warm
+    interpreter's proxy in the quick tier)."""
+    env = {**os.environ, "PREFECT_API_URL": NO_SERVER, "WARM_PYTHON_C": "1"}  # `-c` warm too
+    cmd = [sys.executable, "-c", IN_READ_ONLY_ROOT, str(root), "cli.main", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
