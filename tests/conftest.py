@@ -40,34 +40,16 @@ pytest_plugins = ["pytester", "tests.cpu_report"]  # tests of our own fixtures (
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (the default): a worker more than the cores, in both tiers. In the quick tier
-    many tests spend part of their time waiting (on a server, an automation, a sleeping process),
-    and a third worker keeps both cores of a 2-core machine busy (measured: 218 s on 2 workers,
-    191 s on 3, 199 s on 4). The end-to-end tier's work is CPU (every flow run and trainer a stack
-    starts imports torch, Prefect and MLflow), and 4 workers on 2 cores each taking any group made
-    each test ~1.6 times slower, the tier only 9 % faster, and two timing-sensitive scenarios flaky:
-    there the extra worker is a lane that runs only the groups that mostly wait
-    (pytest_xdist_make_scheduler). Cores as the data stage counts them: those this process may run on."""
+    """`-n auto` (the default): in the quick tier a worker more than the cores. Many tests spend
+    part of their time waiting (on a server, an automation, a sleeping process), and a third
+    worker keeps both cores of a 2-core machine busy (measured: 218 s on 2 workers, 191 s on 3,
+    199 s on 4). The end-to-end tier a worker a core: its work is CPU (every flow run and trainer
+    a stack starts imports torch, Prefect and MLflow cold), and 4 workers on 2 cores made each
+    test ~1.6 times slower, the tier only 9 % faster, and two timing-sensitive scenarios flaky.
+    Cores as the data stage counts them: those this process may run on."""
     from gpt2.data.process_pool import default_workers
 
-    return default_workers() + 1
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """The end-to-end tier with a worker more than the cores: the last one is the lane for the
-    groups that mostly wait (tests.tiers.E2E_LANE, tests/lanes.py), the others share the rest as
-    under `loadgroup`. With no worker to spare (`-n 2` on two cores), plain `loadgroup`."""
-    if not _e2e_session(config) or config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.workermanage import parse_tx_spec_config
-
-    from gpt2.data.process_pool import default_workers
-    from tests.lanes import LaneScheduling
-    from tests.tiers import E2E_LANE
-
-    if len(parse_tx_spec_config(config)) <= default_workers():
-        return None
-    return LaneScheduling(config, log, lanes=E2E_LANE)
+    return default_workers() if _e2e_session(config) else default_workers() + 1
 
 
 E2E_TIMEOUT_S = 600
@@ -77,16 +59,25 @@ minutes and names the test. A test that needs longer says so with its own `pytes
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """End-to-end tests get E2E_TIMEOUT_S unless they set their own; each test's xdist group
-    where `--dist loadgroup` sees it (tests.lanes.name_groups)."""
+    """End-to-end tests get E2E_TIMEOUT_S unless they set their own. And `--dist loadgroup` on
+    pytest 9: pytest-xdist 3.8 puts a test's group into `item._nodeid`, which pytest 9 no longer
+    reads (Item.nodeid comes from `item._id`), so its scheduler never saw a group. The same suffix,
+    where pytest 9 reads it, on the workers (which collect; the controller does not)."""
     for item in items:
         if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
     if _e2e_session(config):
         _e2e_order(items)
-    from tests.lanes import name_groups
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
 
-    name_groups(config, items)
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def _e2e_order(items) -> None:
