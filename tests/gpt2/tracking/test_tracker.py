@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 from mlflow import MlflowClient
@@ -60,14 +61,18 @@ def test_a_resumed_run_logs_each_redone_step_once(tmp_path):
     assert [m.step for m in client.get_metric_history(first.run_id, "val")] == [8]
 
 
-def test_parent_run_and_artifacts(tmp_path):
+def test_parent_run_and_artifacts(tmp_path, monkeypatch):
     config = tiny_config(tmp_path)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     with Tracker(config, "parent") as parent:
-        pass
+        assert list(temp.iterdir()) == []  # no artifact, no spool: a trainer killed here leaves nothing behind
     note = tmp_path / "note.txt"
     note.write_text("hello")
     with Tracker(config, "child", parent_run_id=parent.run_id) as child:
         child.log_artifact(note, "notes")
+        assert [p.name[:14] for p in temp.iterdir()] == ["gpt2-tracking-"]  # the copy waits there
         note.unlink()  # queued artifacts are copied: deleting the original is fine
         child.log_dict({"x": 1}, "result.json")
         child.set_tags({"k": "v"})
@@ -75,6 +80,7 @@ def test_parent_run_and_artifacts(tmp_path):
     run = client.get_run(child.run_id)
     assert run.data.tags["mlflow.parentRunId"] == parent.run_id and run.data.tags["k"] == "v"
     assert {a.path for a in client.list_artifacts(child.run_id)} == {"notes", "result.json"}
+    assert list(temp.iterdir()) == []  # the spool goes at close
 
 
 def test_buffered_records_catch_up_after_an_outage(tmp_path, caplog):
