@@ -39,15 +39,9 @@ NO_SERVER = "http://127.0.0.1:9/api"  # nothing listens: a command that asked Pr
 
 
 def can_mount_read_only() -> bool:
-    """Root in a mount namespace of its own (a plain interpreter: no imports)."""
-    done = subprocess.run([_real_python(), "-c", IN_READ_ONLY_ROOT, "/tmp"], capture_output=True)
+    """Root in a mount namespace of its own (no module: the mount alone, no imports)."""
+    done = subprocess.run([sys.executable, "-c", IN_READ_ONLY_ROOT, "/tmp"], capture_output=True)
     return done.returncode == 0
-
-
-def _real_python() -> str:
-    from tests.warm_python import real_python
-
-    return real_python()
 
 
 needs_mount = pytest.mark.skipif(not can_mount_read_only(),

@@ -146,14 +146,6 @@ class WarmPython:
             time.sleep(0.2)
 
 
-def real_python() -> str:
-    """The interpreter behind `sys.executable`: the real one where a proxy stands there (its
-    settings beside it name it), else `sys.executable` itself. For a process that must start
-    where the warm servers' children cannot go (a mount namespace of its own)."""
-    directory = _warm_dir(sys.executable)
-    return json.loads((directory / "warm.json").read_text())["python"] if directory else sys.executable
-
-
 def _warm_dir(proxy: str) -> Path | None:
     """The warm interpreter's directory where `proxy` is its proxy (its settings beside it), else None."""
     directory = Path(proxy).parent
