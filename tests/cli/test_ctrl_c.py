@@ -33,7 +33,7 @@ def place(tmp_path_factory):
     args = ["run", "--preset", "smoke", "--set", f"runtime.root={base / 'root'}",
             "--set", f"runtime.work_dir={base / 'work'}", "--set", "runtime.tokenize_part_tokens=2000"]
     # Cheap steps, long enough for a Ctrl-C to land in training; only the Ctrl-C and the end checkpoint.
-    for key, value in {"train.max_steps": 150, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
+    for key, value in {"train.max_steps": 60, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
                        "train.checkpoint_every": 10_000, "train.eval_every": 10_000, "train.sample_every": 10_000,
                        "eval.every_steps": 0}.items():
         args += ["--set", f"{key}={value}"]

@@ -36,7 +36,7 @@ def test_preempted_max_times_on_a_rung_the_run_resumes_on_the_next(stack, tmp_pa
     from gpt2.config.overrides import resolve_config
     from gpt2.root import storage
 
-    params = overrides(stack, **{"train.lr": 2e-3, **STEPS, "train.max_steps": 200,
+    params = overrides(stack, **{"train.lr": 2e-3, **STEPS,
                                  "runtime.gpu_pools": "gpu-sky:2.0:300:1,gpu:4.0"})
     config = resolve_config("smoke", params)
     # The same run uninterrupted, by `gpt2 prepare` and `gpt2 train`, on a root of its own: trained meanwhile.

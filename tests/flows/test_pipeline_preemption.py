@@ -46,30 +46,41 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group(STACK_B)]
 
 
 # Long enough that a SIGTERM lands mid-training (it is sent a second after the
-# lease is taken, a handful of steps in; 600 steps cost these tests minutes of
-# training and proved nothing more); only SIGTERM and the end
+# lease is taken, a handful of steps in; 600 and then 200 steps cost these tests
+# minutes of training and proved nothing more: a step is ~0.2 s of CPU); only SIGTERM and the end
 # write a checkpoint, so the resume point proves which one. A quarter of the
 # smoke step's tokens (two micro-batches still: accumulation is exercised) and
 # no in-loop HellaSwag: the steps are cheap, and the time goes to what these
 # tests are about (the signal, the reschedule, the resume), not to training.
-LONG_RUN = {"train.max_steps": 200, "train.checkpoint_every": 10_000, "train.eval_every": 10_000,
+LONG_RUN = {"train.max_steps": 60, "train.checkpoint_every": 10_000, "train.eval_every": 10_000,
             "train.sample_every": 10_000, "train.total_batch_tokens": 256, "train.micro_batch_size": 2,
             "eval.every_steps": 0}
 
 
 def sigterm_while_running(stack, run) -> None:
-    """SIGTERM to a flow run's process while the run is Running. The process is
-    frozen first and the server asked: the signal lands mid-run, never after
-    the run ended (a fast stage could otherwise finish in between)."""
+    """SIGTERM to a flow run's process while one of its tasks runs. The process is frozen first
+    and the server asked: the signal lands mid-run, never after the run's work ended. A run the
+    server still has as Running may have returned already and be proposing Completed (a cached
+    data stage is Running for about a second, most of it that); a task still Running is a body
+    that has work left, so the freeze is retried until it lands in one."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
     proc = flow_run_process(stack, str(run.id), timeout=PIPELINE_TIMEOUT_S)
-    proc.suspend()
-    try:
-        with client(stack) as c:
-            state = c.read_flow_run(run.id).state
-        assert state.is_running(), f"{run.name} was {state.name} before the SIGTERM could land"
-        proc.send_signal(signal.SIGTERM)
-    finally:
-        proc.resume()
+    deadline = time.monotonic() + PIPELINE_TIMEOUT_S
+    while True:
+        proc.suspend()
+        try:
+            with client(stack) as c:
+                state = c.read_flow_run(run.id).state
+                tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            assert state.is_running(), f"{run.name} was {state.name} before the SIGTERM could land"
+            if any(t.state is not None and t.state.is_running() for t in tasks):
+                proc.send_signal(signal.SIGTERM)
+                break
+            assert time.monotonic() < deadline, f"{run.name}: none of its tasks was ever caught running"
+        finally:
+            proc.resume()
+        time.sleep(0.05)
     proc.wait(timeout=120)
 
 
