@@ -60,9 +60,9 @@ LONG_RUN = {"train.max_steps": 60, "train.checkpoint_every": 10_000, "train.eval
 def sigterm_while_running(stack, run) -> None:
     """SIGTERM to a flow run's process while one of its tasks runs. The process is frozen first
     and the server asked: the signal lands mid-run, never after the run's work ended. A run the
-    server still has as Running may have returned already and be proposing Completed (a cached
-    data stage is Running for about a second, most of it that); a task still Running is a body
-    that has work left, so the freeze is retried until it lands in one."""
+    server still has as Running may have returned already and be proposing Completed (seen once:
+    a data stage ended Completed, in one run, with the signal swallowed); a task still Running is
+    a body that has work left, so the freeze is retried until it lands in one."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     proc = flow_run_process(stack, str(run.id), timeout=PIPELINE_TIMEOUT_S)
