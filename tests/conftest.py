@@ -83,10 +83,11 @@ def pytest_collection_modifyitems(config, items):
 def _e2e_order(items) -> None:
     """The end-to-end tier under `--dist loadgroup`: a module whose tests name no group is one
     group (its module-scoped fixtures, a cluster or a stack, start once, as under `loadfile`), and
-    the longest groups (tests.tiers.E2E_FIRST) go out first, so that none starts last and sets
-    the tier's wall time alone. In effect only among groups of as many tests: pytest-xdist's
-    default `--loadscope-reorder` re-sorts the groups by their number of tests. Turning that off
-    gained nothing measured (#59: 2,858 s against 2,859 s, both cores ~95 % busy either way)."""
+    the longest groups (tests.tiers.E2E_FIRST) come first in the collection. pytest-xdist's default
+    `--loadscope-reorder` then sends the groups out by their number of tests, so that order decides
+    only among groups of as many tests (the soak, one test, goes out late). Sending them out in
+    E2E_FIRST's order instead gained nothing measured (#59: 2,858 s against 2,859 s, both cores
+    ~95 % busy either way)."""
     for item in items:
         if hasattr(item, "module") and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))

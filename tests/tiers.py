@@ -19,8 +19,9 @@ def scenario(test):
 
 # An end-to-end group is named for its module (its file's name without .py: the tests are not a
 # package, so that is the module's import name, and unique) or for the stack its modules share.
-# The longest groups (tests/conftest.py sends them out first), longest first: the fault soak on
-# its stack (~14 min), the two groups of pipeline modules that share a pytest worker's stack
-# (tests/flows/conftest.py; ~10 min each), the Ctrl-C scenarios (~6 min).
+# The longest groups, longest first: the fault soak on its stack (~14 min), the two groups of
+# pipeline modules that share a pytest worker's stack (tests/flows/conftest.py; ~10 min each), the
+# Ctrl-C scenarios (~6 min). tests/conftest.py puts them first in the collection; pytest-xdist then
+# sends groups out by their number of tests, so this order decides only among groups of as many.
 STACK_A, STACK_B = "stack-a", "stack-b"
 E2E_FIRST = ("test_soak", STACK_A, STACK_B, "test_ctrl_c")
