@@ -44,7 +44,7 @@ def seed(path: Path, template_name: str, make: Callable[[Path], None]) -> bool:
     if path.exists():
         return False
     try:
-        template = _template(template_name, make)
+        template = cached_file(template_name, make)
         tmp = _unique(path, "seed")
         shutil.copyfile(template, tmp)
         try:
@@ -59,7 +59,9 @@ def seed(path: Path, template_name: str, make: Callable[[Path], None]) -> bool:
         return False
 
 
-def _template(name: str, make: Callable[[Path], None]) -> Path:
+def cached_file(name: str, make: Callable[[Path], None]) -> Path:
+    """The file `name` in the user's cache, made by `make(file)` the first time (by one process
+    of several at once: the others wait for it), then kept: a name says what made it."""
     template = cache_dir() / name
     if template.exists():
         return template

@@ -10,9 +10,12 @@ with the filter suffix dropped (`acc,none` is `acc`; MLflow refuses commas in me
 from __future__ import annotations
 
 import difflib
+import hashlib
+import importlib.util
+import json
 import logging
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import lm_eval
 from lm_eval.api.model import LM
@@ -38,18 +41,69 @@ def task_manager(include_path: str | Path | Sequence[str | Path] | None, default
 
 def find_task(task: str, include_path: str | Path | None):
     """The index that holds `task`: the include folder alone when it does, else with lm-eval's
-    own tasks; LmEvalTaskError with the closest names when none does."""
+    own tasks; LmEvalTaskError with the closest names when none does. A name that is in neither
+    is refused from default_task_names, without indexing lm-eval's own tasks (a typo is told in
+    about a second, not 10-20 s)."""
+    local_names: list[str] = []
     if include_path is not None:
         local = task_manager(include_path, defaults=False)
         if task in local.all_tasks:
             return local
-    manager = task_manager(include_path, defaults=True)
-    if task not in manager.all_tasks:
-        close = difflib.get_close_matches(task, manager.all_tasks, n=5, cutoff=0.6)
+        local_names = local.all_tasks
+    names = default_task_names()
+    if task not in names:
+        close = difflib.get_close_matches(task, sorted({*local_names, *names}), n=5, cutoff=0.6)
         hint = f"closest: {', '.join(close)}" if close else "`lm-eval ls tasks` lists them"
         where = f" (nor in eval.lm_eval_include={include_path})" if include_path is not None else ""
         raise LmEvalTaskError(f"eval.tasks: lm-eval:{task} is not an lm-eval task{where}; {hint}")
-    return manager
+    return task_manager(include_path, defaults=True)
+
+
+_IGNORED_DIRS = {"__pycache__", ".ipynb_checkpoints"}  # as lm-eval's TaskIndex skips them
+
+
+def default_task_names() -> list[str]:
+    """The names (tasks, groups, tags) of lm-eval's own task index, which takes 10-20 s to build:
+    kept in the user's cache (indexed_names)."""
+    spec = importlib.util.find_spec("lm_eval.tasks")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return indexed_names(root, f"lm-eval-{lm_eval.__version__}", lambda: task_manager(None, defaults=True).all_tasks)
+
+
+def indexed_names(root: Path, label: str, index: Callable[[], list[str]]) -> list[str]:
+    """`index()`, the names of an lm-eval task index over `root`, kept in the user's cache under
+    `label` and a fingerprint of the YAML files under `root` (path, size, modification time: a
+    fraction of a second to read for lm-eval's 14k), so a task file edited, added or removed makes
+    a new list instead of a stale one. A damaged list is made again."""
+    digest = hashlib.sha256(label.encode())
+    for path in sorted(p for p in root.glob("**/*.yaml") if not _IGNORED_DIRS.intersection(p.parts)):
+        st = path.stat()
+        digest.update(f"\0{path.relative_to(root).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+
+    def make(file: Path) -> None:
+        names = index()
+        file.write_text(json.dumps({"names": names, "sha256": _names_digest(names)}))
+
+    from gpt2.tracking.store import cached_file
+
+    file = None
+    try:
+        file = cached_file(f"{label}-tasks-{digest.hexdigest()[:16]}.json", make)
+        kept = json.loads(file.read_text())
+        if _names_digest(kept["names"]) != kept["sha256"]:  # a changed byte would refuse a real task
+            raise ValueError("its checksum does not match")
+        return kept["names"]
+    except OSError as err:  # a cache it cannot write
+        log.debug("task names not cached (%s)", err)
+    except (ValueError, KeyError, TypeError) as err:
+        log.warning("the cached task names %s are damaged (%s): indexing the tasks again", file, err)
+        if file is not None:
+            file.unlink(missing_ok=True)
+    return index()
+
+
+def _names_digest(names: list[str]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()
 
 
 def metric_name(key: str) -> str:

@@ -14,7 +14,7 @@ from gpt2.checkpoint.ref import resolve_checkpoint
 from gpt2.checkpoint.store import save_checkpoint
 from gpt2.config.identity import eval_fingerprint, fingerprint
 from gpt2.eval.evaluate import evaluate_checkpoint
-from gpt2.eval.harness.run import LmEvalTaskError, find_task, run_task
+from gpt2.eval.harness.run import LmEvalTaskError, find_task, indexed_names, run_task, task_manager
 from gpt2.export.hf import write_hf_dir
 from gpt2.model import GPT
 from gpt2.root import layout, storage
@@ -100,3 +100,36 @@ def test_an_lm_eval_task_from_a_local_yaml_gives_lm_evals_own_numbers_for_the_ex
     assert ours["acc"] == theirs["metrics"]["acc"] and ours["acc_stderr"] == pytest.approx(theirs["metrics"]["acc_stderr"])
     with pytest.raises(LmEvalTaskError, match=r"lm-eval:tiny_animal is not an lm-eval task .*closest: tiny_animals"):
         find_task("tiny_animal", tasks)
+
+
+def test_lm_evals_task_names_are_indexed_once_and_again_when_a_task_file_or_the_list_changes(
+        tmp_path, monkeypatch, caplog):
+    """indexed_names, as default_task_names uses it for lm-eval's own 14k task files, here on a
+    folder of two: a typo's refusal reads the kept list instead of indexing them again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    data = tasks / "animals.jsonl"
+    data.write_text("".join(json.dumps(i) + "\n" for i in MC))
+    (tasks / "tiny_animals.yaml").write_text(TASK_YAML.format(data=data))
+    calls = []
+
+    def index():
+        calls.append(1)
+        return task_manager(tasks, defaults=False).all_tasks
+
+    assert indexed_names(tasks, "label", index) == ["tiny_animals"] and len(calls) == 1
+    assert indexed_names(tasks, "label", index) == ["tiny_animals"] and len(calls) == 1  # kept
+    (kept,) = (tmp_path / "cache" / "gpt2-pipeline").glob("label-tasks-*.json")
+
+    # A task file added (or edited: its size or time changes) is a new list.
+    (tasks / "tiny_animals_2.yaml").write_text(TASK_YAML.format(data=data).replace("tiny_animals", "tiny_animals_2"))
+    assert indexed_names(tasks, "label", index) == ["tiny_animals", "tiny_animals_2"] and len(calls) == 2
+
+    # One changed byte in a kept list (a name that still parses) is caught and the list made again.
+    (tasks / "tiny_animals_2.yaml").unlink()
+    kept.write_text(kept.read_text().replace("tiny_animals", "tiny_animalz"))
+    assert indexed_names(tasks, "label", index) == ["tiny_animals"] and len(calls) == 3
+    assert "damaged" in caplog.text
+    assert indexed_names(tasks, "label", index) == ["tiny_animals"] and len(calls) == 4  # made again...
+    assert indexed_names(tasks, "label", index) == ["tiny_animals"] and len(calls) == 4  # ...and kept
