@@ -35,7 +35,8 @@ MIN_ZOMBIE_AFTER_S = 60
 """Two missed 30 s heartbeats: a shorter window calls a run alive but slow to report a zombie."""
 DEFAULT_RESCHEDULE_AFTER_S = 20
 """How long a crashed run stays Crashed before the reschedule automation puts it back: past the
-process worker's second report of the same crash (reschedule-preempted.yaml says why)."""
+process worker's second report of the same crash (reschedule-preempted.yaml says why; the local
+stack's workers make none where the first landed, cli.stack.worker)."""
 MIN_PROACTIVE_S = 10
 """Prefect's floor for a proactive trigger's `within`: a shorter wait is refused by its models."""
 

@@ -224,7 +224,8 @@ def _start_workers(state: dict[str, Any], state_dir: Path, env: dict[str, str], 
         # counts comes back rescheduled; the gpu pools' own limit serves instead.)
         gpu = pool != prefect_setup.CPU_POOL
         extra = {deployment_file.HEARTBEAT_ENV: str(deployment_file.GPU_HEARTBEAT_S)} if gpu else {}
-        cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process",
+        # Prefect's worker, reporting a crash once (cli.stack.worker says why).
+        cmd = [sys.executable, "-m", "cli.stack.worker", "start", "--pool", pool, "--type", "process",
                "--name", f"gpt2-{pool}"]
         state["processes"].append(processes.start(f"worker-{pool}", cmd, {**worker_env, **extra},
                                                   deployment_file.PROJECT_DIR, state_dir / "logs"))

@@ -153,6 +153,49 @@ def pipeline_completed(stack, parent_id: str, train_id, what: str):
     return train, history
 
 
+@contextlib.contextmanager
+def crash_report_held(stack, pool: str = "gpu", timeout: float = 60):
+    """The pool worker's own report of a crashed run held back inside the block, as a busy machine
+    holds it: after its runner reports the crash, the worker runs the run's on_crashed hooks in a
+    fresh Python and reports the crash itself only once that has exited (cli.stack.worker). Here
+    that process is stopped (SIGSTOP) until the block ends."""
+    from cli.stack import services
+    from tests.warm_python import behind
+
+    (record,) = [p for p in services.read_state(Path(stack["state_dir"]))["processes"]
+                 if p["name"] == f"worker-{pool}"]
+    worker = psutil.Process(behind(record["pid"]))
+    deadline, hook = time.monotonic() + timeout, None
+    while hook is None:
+        assert time.monotonic() < deadline, f"pool {pool}'s worker started no crash-hook process in {timeout:.0f} s"
+        for proc in worker.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                argv = proc.cmdline()
+                if any(a.endswith("_workspace_runtime_bootstrap.py") for a in argv) and "crashed" in argv:
+                    hook = proc
+                    break
+        time.sleep(0.02)
+    hook.suspend()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            hook.resume()
+
+
+def wait_attempt_running(stack, run_id, attempt: int, timeout: float = PIPELINE_TIMEOUT_S):
+    """Wait until the run's `attempt`-th attempt is Running (its run count)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with client(stack) as c:
+            run = c.read_flow_run(run_id)
+        if (run.run_count >= attempt and run.state.is_running()) or \
+                (run.state.is_final() and not run.state.is_crashed()):  # the caller's asserts say what went wrong
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"attempt {attempt} of flow run {run_id} never ran; it is {run.state.name}")
+
+
 def checkpoint_step(config) -> int | None:
     from gpt2.checkpoint import store
 

@@ -2,7 +2,9 @@
 server, a cpu and a gpu process worker), then `prefect deployment run
 gpt2/full-pipeline`:
 
-1. the smoke pipeline, its training process SIGKILLed mid-training: the
+1. the smoke pipeline, its training process SIGKILLed mid-training, the gpu
+   worker's own report of the crash held back until the rescheduled attempt runs
+   (as a busy machine holds it; it must not crash that attempt): the
    automation reschedules it, it resumes from its checkpoint, the parent waits
    and completes, every stage on its pool's deployment, MLflow has one training
    run whose steps continue, plus evaluation, export and a registered model
@@ -27,10 +29,12 @@ from tests.flows.pipeline_stack import (
     assert_completed,
     child,
     client,
+    crash_report_held,
     deployment_run,
     flow_run_process,
     overrides,
     pipeline_completed,
+    wait_attempt_running,
     wait_checkpoint,
     wait_final,
 )
@@ -54,6 +58,10 @@ def test_first_run_its_training_killed_is_rescheduled_resumes_and_completes_on_t
     killed_after = wait_checkpoint(config, proc, timeout=PIPELINE_TIMEOUT_S)
     assert killed_after < config.train.max_steps
     os.kill(proc.pid, signal.SIGKILL)
+    # The worker's own report of the crash held back until the rescheduled attempt runs, as a busy
+    # machine holds it (a late report crashed that attempt: one GPU start wasted; cli.stack.worker).
+    with crash_report_held(stack):
+        wait_attempt_running(stack, train.id, 2)
 
     train, history = pipeline_completed(stack, parent_id, train.id, "after a killed training run")
     pools = {}
@@ -63,7 +71,7 @@ def test_first_run_its_training_killed_is_rescheduled_resumes_and_completes_on_t
         pools[dep] = run.work_pool_name
     assert pools == {"gpt2-data/data": "cpu", "gpt2-train/train": "gpu", "gpt2-eval/evaluate": "gpu",
                      "gpt2-export/export": "cpu"}
-    assert train.run_count == 2 and "Crashed" in history and "AwaitingRetry" in history, history
+    assert train.run_count == 2 and history.count("Crashed") == 1 and "AwaitingRetry" in history, history
     # The server's log says which trigger took up the crash (cli.stack.server_logging).
     server_log = (Path(stack["state_dir"]) / "logs" / "server.log").read_text()
     assert any("covers event 'prefect.flow-run.Crashed'" in line and str(train.id) in line
