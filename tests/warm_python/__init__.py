@@ -34,14 +34,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 # Modules the proxy hands to a server: the trainer, torchrun, a node of a
 # multi-node run, the preflight and the CLI; and, for the end-to-end tier's
-# shared stacks (tests/flows/conftest.py), a Prefect worker (the stack's, `-m
-# cli.stack.worker`, or Prefect's own `-m prefect worker ...`: a module with the
-# first argument it must have), the supervisor of each
+# shared stacks (tests/flows/conftest.py), the stack's Prefect worker (`-m
+# cli.stack.worker`), the supervisor of each
 # flow run it starts and the engine that runs the flow. Prefect itself is not
 # preloaded (its settings are read at import): those children import it, and
 # find torch and MLflow imported.
 MODULES = ["gpt2.train", "torch.distributed.run", "gpt2.launch.node", "gpt2.preflight", "cli.main",
-           "cli.stack.worker", "prefect worker", "prefect.runner._workspace_supervisor", "prefect.engine"]
+           "cli.stack.worker", "prefect.runner._workspace_supervisor", "prefect.engine"]
 
 
 class WarmPython:

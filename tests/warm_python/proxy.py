@@ -78,8 +78,7 @@ def main() -> None:
     request = parse(sys.argv[1:])
     if request is None:
         fresh("command line")
-    if request["module"] is not None and request["module"] not in SETTINGS["modules"] and \
-            " ".join([request["module"], *request["args"][:1]]) not in SETTINGS["modules"]:
+    if request["module"] is not None and request["module"] not in SETTINGS["modules"]:
         fresh("module")
     if request["code"] is not None and os.environ.get("WARM_PYTHON_C") != "1":
         fresh("code")
