@@ -54,6 +54,8 @@ def install() -> bool:
     async def guarded_propose(self: Any, flow_run: Any, message: str, *args: Any, **kwargs: Any) -> None:
         if _reported[flow_run.id] > 0:
             _reported[flow_run.id] -= 1
+            if not _reported[flow_run.id]:
+                del _reported[flow_run.id]  # a long-lived worker keeps no key per crash it saw
             self.get_flow_run_logger(flow_run).info(
                 "not reporting the crash again (%s): the runner reported it, and a late second report "
                 "could land on the run's next attempt", message)
