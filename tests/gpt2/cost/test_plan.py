@@ -55,7 +55,7 @@ def test_checkpoint_size_matches_a_real_checkpoint(tmp_path, smoke_config):
 
 def test_plan_of_the_smoke_preset(smoke_config):
     p = make_plan(smoke_config(), "H100", 1, 10.0)
-    assert p["micro_batch_size"] == 8 and p["micro_batch_auto"] is False and p["accumulation_steps"] == 2
+    assert p["micro_batch_size"] == 4 and p["micro_batch_auto"] is False and p["accumulation_steps"] == 2
     assert p["source_size"] == "measured" and p["checkpoints"] == 3
     assert p["cost"] == pytest.approx(p["hours"] * 10.0)
     with pytest.raises(PlanError, match="does not divide"):
