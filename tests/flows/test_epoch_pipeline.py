@@ -21,9 +21,10 @@ from tests.tiers import scenario
 @scenario  # the whole pipeline with an epoch-long run, then evaluate and export; its trainer warm
 def test_one_epoch_of_the_prepared_split(prefect_server, tmp_path):
     root, work = tmp_path / "root", tmp_path / "work"
-    # A small split (about 10 steps of 1,024 tokens) keeps the run short.
+    # A small split (about 10 steps of 1,024 tokens) keeps the run short. (A smaller one would not:
+    # under twice data.val_tokens, the data stage shrinks the val split to a tenth and trains on the rest.)
     overrides = {"runtime.root": str(root), "runtime.work_dir": str(work), "train.max_steps": "epoch",
-                 "data.max_tokens": 8192 + 10_500}
+                 "data.max_tokens": 8192 + 10_500, "train.total_batch_tokens": 1024, "train.micro_batch_size": 8}
     result = pipeline_flow("smoke", overrides)
 
     config = resolve_config("smoke", overrides)

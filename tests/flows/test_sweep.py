@@ -104,7 +104,7 @@ def test_a_sweep_killed_mid_member_ends_as_its_members_run_alone(tmp_path):
     assert "runtime.memory_limit_mb=1" in failed["reason"] and "\n" not in failed["reason"]
     assert failed["final_val_loss"] is None and not failed["best"]
     assert [r["overrides"] for r in result["members"]] == MEMBERS and rows[0]["run"] == one.run_name
-    assert all(r["tokens"] == 12 * 1024 for r in rows)
+    assert all(r["tokens"] == 12 * one.config.train.total_batch_tokens for r in rows)
     best = min(rows, key=lambda r: r["final_val_loss"])
     assert result["best"] == best["member"] and best["best"] and sum(r["best"] for r in result["members"]) == 1
     assert all(r["device_hours"] > 0 for r in rows)
