@@ -134,8 +134,10 @@ def _metric(config, run_id: str, key: str) -> list[float]:
 
 
 def test_an_fp16_run_trains_keeps_its_scaler_and_counts_an_injected_inf_gradient(tmp_path):
-    # Four steps (fp16 matmuls are slow on a CPU): the overflow at step 3 is not the last step's.
-    fp16 = {"train.precision": "fp16", "train.max_steps": 4}
+    # Four steps of half the tiny batch (fp16 matmuls are slow on a CPU: a micro-batch of 4x32 took
+    # 0.86 CPU-s, of 2x32 0.43, against 0.21 and 0.07 in fp32): the overflow at step 3 is not the last's.
+    fp16 = {"train.precision": "fp16", "train.max_steps": 4, "train.total_batch_tokens": 128,
+            "train.micro_batch_size": 2}
     clean_config = tiny_config(tmp_path / "clean", **fp16)
     write_dataset(clean_config)
     clean = train(clean_config)
@@ -149,7 +151,7 @@ def test_an_fp16_run_trains_keeps_its_scaler_and_counts_an_injected_inf_gradient
 
     config = tiny_config(tmp_path / "inf", **fp16)
     write_dataset(config)
-    # Two micro-batches a step (256 tokens / (4 x 32)): the 5th forward is step 3's first.
+    # Two micro-batches a step (128 tokens / (2 x 32)): the 5th forward is step 3's first.
     handle = torch.nn.modules.module.register_module_forward_hook(_InfAtForward(5))
     try:
         result = train(config)
